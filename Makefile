@@ -1,0 +1,40 @@
+# The two commands: `make demo` runs the main job, `make test` runs the tests.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BENCH_VENV := .bench-venv
+BENCH_PY := $(BENCH_VENV)/bin/python
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m zerobatch.demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/mypy src/zerobatch
+
+test: lint
+	$(PY) -m pytest
+
+$(BENCH_STAMP): pyproject.toml
+	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_PY) -m pip install --quiet --upgrade pip
+	$(BENCH_PY) -m pip install --quiet torch==2.13.0
+	$(BENCH_PY) -m pip install --quiet -e '.[dev]' datasets transferqueue==0.1.11 psutil
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	for script in benchmarks/*.py; do $(BENCH_PY) $$script || exit 1; done
+
+clean:
+	rm -rf $(VENV) $(BENCH_VENV) demo-output bench-output

@@ -1,0 +1,13 @@
+"""zerobatch: the data path of LLM training.
+
+Write a tokenized corpus once, then read any observation in O(1), shuffle
+globally in O(1) memory, resume exactly, and feed PyTorch or JAX.
+"""
+
+from __future__ import annotations
+
+from zerobatch.errors import FormatError, StorageError
+from zerobatch.shuffle import Feistel, BlockShuffle
+
+__all__ = ["BlockShuffle", "Feistel", "FormatError", "StorageError"]
+__version__ = "0.1.0"

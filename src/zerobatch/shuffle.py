@@ -1,0 +1,345 @@
+"""Shuffles that need no memory: a keyed Feistel permutation and a block shuffle.
+
+``Feistel(n, seed)`` is a bijection on ``[0, n)`` for any ``n`` from 1 to 2**63.
+It runs a balanced Feistel network over the smallest even bit width ``w`` with
+``2**w >= n`` and walks the cycle (applies the network again) while the value is
+``>= n``; because ``2**w < 4 * n`` a walk takes under four steps on average.
+Round keys come from the seed through the SplitMix64 mixer, and the round
+function is that mixer too, so the permutation is pure 64-bit integer arithmetic:
+identical on every machine and every NumPy version.
+
+``BlockShuffle(n, block_size, seed)`` keeps runs of ``block_size`` consecutive
+items together and permutes the order of the runs (seed 000's block shuffle).
+The last, shorter block takes part in the shuffle like the others.
+
+Both map one int or a NumPy integer array at a time; arrays go through Numba
+kernels that release the GIL. Neither allocates anything proportional to ``n``.
+"""
+
+from __future__ import annotations
+
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+from numba import njit
+
+__all__ = ["DEFAULT_ROUNDS", "MAX_LENGTH", "BlockShuffle", "Feistel"]
+
+MAX_LENGTH = 2**63
+"""The largest ``n`` a permutation accepts (indices fit in int64)."""
+
+DEFAULT_ROUNDS = 6
+"""Feistel rounds: six give a uniform shuffle for non-cryptographic use."""
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_SEED_DOMAIN = 0x5A45524F42415443  # "ZEROBATC": separates our keys from plain SplitMix64
+
+IntArray = npt.NDArray[np.integer]
+
+
+def _splitmix64(value: int) -> int:
+    """The SplitMix64 finalizer on a Python int (mod 2**64)."""
+    z = value & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def round_keys(seed: int, rounds: int) -> npt.NDArray[np.uint64]:
+    """The ``rounds`` 64-bit round keys derived from ``seed`` (any int, taken mod 2**64)."""
+    base = _splitmix64(seed ^ _SEED_DOMAIN)
+    keys = [_splitmix64(base + (i + 1) * _GOLDEN) for i in range(rounds)]
+    return np.array(keys, dtype=np.uint64)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _mix(z: np.uint64) -> np.uint64:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _encrypt(x: np.uint64, keys: np.ndarray, half: np.uint64, mask: np.uint64) -> np.uint64:
+    left = x >> half
+    right = x & mask
+    for k in range(keys.shape[0]):
+        left, right = right, left ^ (_mix(right ^ keys[k]) & mask)
+    return (left << half) | right
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _decrypt(x: np.uint64, keys: np.ndarray, half: np.uint64, mask: np.uint64) -> np.uint64:
+    left = x >> half
+    right = x & mask
+    for k in range(keys.shape[0] - 1, -1, -1):
+        left, right = right ^ (_mix(left ^ keys[k]) & mask), left
+    return (left << half) | right
+
+
+@njit(nogil=True, cache=True)
+def _permute_array(
+    indices: np.ndarray, out: np.ndarray, keys: np.ndarray, half: int, n: int, inverse: bool
+) -> int:
+    """Permute ``indices`` into ``out``; returns the position of the first index
+    outside ``[0, n)``, or -1 when all are valid (``out`` is then complete)."""
+    h = np.uint64(half)
+    mask = (np.uint64(1) << h) - np.uint64(1)
+    limit = np.uint64(n)
+    for i in range(indices.shape[0]):
+        value = indices[i]
+        if value < 0 or np.uint64(value) >= limit:
+            return i
+        y = np.uint64(value)
+        if inverse:
+            y = _decrypt(y, keys, h, mask)
+            while y >= limit:
+                y = _decrypt(y, keys, h, mask)
+        else:
+            y = _encrypt(y, keys, h, mask)
+            while y >= limit:
+                y = _encrypt(y, keys, h, mask)
+        out[i] = np.int64(y)
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _permute_range(
+    start: int, step: int, out: np.ndarray, keys: np.ndarray, half: int, n: int
+) -> None:
+    """``out[i] = permute(start + i * step)``; the caller checks the range."""
+    h = np.uint64(half)
+    mask = (np.uint64(1) << h) - np.uint64(1)
+    limit = np.uint64(n)
+    for i in range(out.shape[0]):
+        y = _encrypt(np.uint64(start + i * step), keys, h, mask)
+        while y >= limit:
+            y = _encrypt(y, keys, h, mask)
+        out[i] = np.int64(y)
+
+
+def _check_length(n: object, name: str = "n") -> int:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(n).__name__}")
+    if not 1 <= int(n) <= MAX_LENGTH:
+        raise ValueError(f"{name} must be in [1, 2**63], got {n}")
+    return int(n)
+
+
+def _check_seed(seed: object) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    return int(seed) & _MASK64
+
+
+class Feistel:
+    """A keyed pseudorandom bijection on ``[0, n)``, computed on demand.
+
+    Args:
+        n: the length of the domain, 1 <= n <= 2**63.
+        seed: any int; taken mod 2**64. The same (n, seed, rounds) gives the same
+            permutation on every machine.
+        rounds: Feistel rounds, at least 1 (default 6).
+
+    Memory is O(rounds); time per index is O(rounds), about 4 walks at most on
+    average. Thread-safe: instances are immutable.
+
+    >>> p = Feistel(10, seed=7)
+    >>> sorted(p(np.arange(10)).tolist()) == list(range(10))
+    True
+    >>> p.inverse(p(3)) == 3
+    True
+    """
+
+    __slots__ = ("_half", "_keys", "_n", "_rounds", "_seed")
+
+    def __init__(self, n: int, seed: int, *, rounds: int = DEFAULT_ROUNDS) -> None:
+        self._n = _check_length(n)
+        self._seed = _check_seed(seed)
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+            raise ValueError(f"rounds must be an int >= 1, got {rounds!r}")
+        self._rounds = rounds
+        bits = max(2, (self._n - 1).bit_length())
+        self._half = (bits + 1) // 2
+        self._keys = round_keys(self._seed, rounds)
+
+    @property
+    def n(self) -> int:
+        """The domain length."""
+        return self._n
+
+    @property
+    def seed(self) -> int:
+        """The seed, reduced mod 2**64."""
+        return self._seed
+
+    @property
+    def rounds(self) -> int:
+        """The number of Feistel rounds."""
+        return self._rounds
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        return f"Feistel(n={self._n}, seed={self._seed}, rounds={self._rounds})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Feistel):
+            return NotImplemented
+        return (self._n, self._seed, self._rounds) == (other._n, other._seed, other._rounds)
+
+    def __hash__(self) -> int:
+        return hash((Feistel, self._n, self._seed, self._rounds))
+
+    @overload
+    def __call__(self, index: int) -> int: ...
+    @overload
+    def __call__(self, index: IntArray, *, out: npt.NDArray[np.int64] | None = None) -> (
+        npt.NDArray[np.int64]
+    ): ...
+    def __call__(
+        self, index: int | IntArray, *, out: npt.NDArray[np.int64] | None = None
+    ) -> int | npt.NDArray[np.int64]:
+        """The permuted position of ``index`` (an int or an integer array)."""
+        return self._apply(index, out, inverse=False)
+
+    @overload
+    def inverse(self, index: int) -> int: ...
+    @overload
+    def inverse(self, index: IntArray, *, out: npt.NDArray[np.int64] | None = None) -> (
+        npt.NDArray[np.int64]
+    ): ...
+    def inverse(
+        self, index: int | IntArray, *, out: npt.NDArray[np.int64] | None = None
+    ) -> int | npt.NDArray[np.int64]:
+        """The index that ``self`` maps to ``index``: ``p.inverse(p(i)) == i``."""
+        return self._apply(index, out, inverse=True)
+
+    def range(self, start: int, stop: int, step: int = 1) -> npt.NDArray[np.int64]:
+        """``self(np.arange(start, stop, step))`` without building the input array.
+
+        ``start`` and ``stop`` are clipped to ``[0, n]`` like a slice; ``step > 0``.
+        """
+        if step < 1:
+            raise ValueError(f"step must be >= 1, got {step}")
+        first, last, _ = slice(start, stop).indices(self._n)
+        count = max(0, -(-(last - first) // step))
+        out = np.empty(count, dtype=np.int64)
+        _permute_range(first, step, out, self._keys, self._half, np.uint64(self._n))
+        return out
+
+    def _apply(
+        self, index: int | IntArray, out: npt.NDArray[np.int64] | None, *, inverse: bool
+    ) -> int | npt.NDArray[np.int64]:
+        if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+            value = int(index)
+            if not 0 <= value < self._n:
+                raise IndexError(f"index {value} is out of range for a permutation of {self._n}")
+            single = np.array([value], dtype=np.int64)
+            _permute_array(single, single, self._keys, self._half, np.uint64(self._n), inverse)
+            return int(single[0])
+        array = np.asarray(index)
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got dtype {array.dtype}")
+        if array.dtype.kind == "u" and array.size and int(array.max()) >= MAX_LENGTH:
+            raise IndexError(f"index {int(array.max())} is out of range for {self._n}")
+        flat = np.ascontiguousarray(array, dtype=np.int64).reshape(-1)
+        if out is None:
+            result = np.empty(flat.shape[0], dtype=np.int64)
+        else:
+            if out.dtype != np.int64 or out.size != flat.size or not out.flags.c_contiguous:
+                raise ValueError("out must be a C-contiguous int64 array of the indices' size")
+            result = out.reshape(-1)
+        bad = _permute_array(flat, result, self._keys, self._half, np.uint64(self._n), inverse)
+        if bad >= 0:
+            raise IndexError(
+                f"index {int(flat[bad])} (at position {bad}) is out of range "
+                f"for a permutation of {self._n}"
+            )
+        return result.reshape(array.shape) if out is None else out
+
+
+class BlockShuffle:
+    """Permute the order of blocks of ``block_size`` consecutive items.
+
+    Position ``p`` of the shuffled order holds item ``self(p)``. Items inside a
+    block keep their order; blocks are ordered by ``Feistel(num_blocks, seed)``.
+    When ``block_size`` does not divide ``n`` the last block is shorter and is
+    shuffled like the others. O(1) memory; thread-safe (immutable).
+
+    >>> s = BlockShuffle(10, block_size=4, seed=1)
+    >>> sorted(s(np.arange(10)).tolist()) == list(range(10))
+    True
+    """
+
+    __slots__ = ("_block", "_blocks", "_n", "_perm", "_tail", "_tail_slot")
+
+    def __init__(
+        self, n: int, block_size: int, seed: int, *, rounds: int = DEFAULT_ROUNDS
+    ) -> None:
+        self._n = _check_length(n)
+        self._block = _check_length(block_size, "block_size")
+        self._blocks = -(-self._n // self._block)
+        self._tail = self._n - (self._blocks - 1) * self._block
+        self._perm = Feistel(self._blocks, seed, rounds=rounds)
+        self._tail_slot = self._perm.inverse(self._blocks - 1)
+
+    @property
+    def n(self) -> int:
+        """The number of items."""
+        return self._n
+
+    @property
+    def block_size(self) -> int:
+        """Items per block."""
+        return self._block
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks, the last one possibly shorter."""
+        return self._blocks
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __repr__(self) -> str:
+        return f"BlockShuffle(n={self._n}, block_size={self._block}, seed={self._perm.seed})"
+
+    @overload
+    def __call__(self, position: int) -> int: ...
+    @overload
+    def __call__(self, position: IntArray) -> npt.NDArray[np.int64]: ...
+    def __call__(self, position: int | IntArray) -> int | npt.NDArray[np.int64]:
+        """The item at ``position`` of the shuffled order."""
+        scalar = isinstance(position, (int, np.integer))
+        pos = np.asarray(position, dtype=np.int64)
+        if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self._n):
+            raise IndexError(f"position out of range for a block shuffle of {self._n} items")
+        bs, tail = self._block, self._tail
+        tail_start = self._tail_slot * bs
+        in_tail = (pos >= tail_start) & (pos < tail_start + tail)
+        shifted = np.where(pos >= tail_start + tail, pos - tail + bs, pos)
+        slot, offset = np.divmod(shifted, bs)
+        slot = np.where(in_tail, 0, slot)  # keep tail positions in range for the permutation
+        items = self._perm(slot) * bs + offset
+        items = np.where(in_tail, (self._blocks - 1) * bs + (pos - tail_start), items)
+        return int(items) if scalar else items
+
+    @overload
+    def inverse(self, item: int) -> int: ...
+    @overload
+    def inverse(self, item: IntArray) -> npt.NDArray[np.int64]: ...
+    def inverse(self, item: int | IntArray) -> int | npt.NDArray[np.int64]:
+        """The position that holds ``item``: ``s.inverse(s(p)) == p``."""
+        scalar = isinstance(item, (int, np.integer))
+        items = np.asarray(item, dtype=np.int64)
+        if items.size and (int(items.min()) < 0 or int(items.max()) >= self._n):
+            raise IndexError(f"item out of range for a block shuffle of {self._n} items")
+        bs = self._block
+        block, offset = np.divmod(items, bs)
+        slot = self._perm.inverse(block)
+        pos = slot * bs + offset - np.where(slot > self._tail_slot, bs - self._tail, 0)
+        return int(pos) if scalar else pos
