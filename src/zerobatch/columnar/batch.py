@@ -1,0 +1,212 @@
+"""``Batch``: a :class:`BatchMeta` plus one column per field; what every reader returns.
+
+Columns are stored as they came (after :func:`normalize_column`): dense
+``[B, ...]`` arrays, :class:`Jagged` values + offsets, or lists of objects.
+Selecting, chunking and concatenating apply to columns and meta together, at
+O(B) per column and no Python object per sample (lists aside). Thread safety:
+a Batch is never mutated after construction, so sharing it is safe.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from zerobatch.columnar import frames
+from zerobatch.columnar.jagged import Jagged, as_positions
+from zerobatch.columnar.meta import BatchMeta, chunk_bounds
+from zerobatch.columnar.schema import Column, FieldSchema, normalize_column
+
+__all__ = ["Batch"]
+
+
+class Batch:
+    """Columns of B samples and their :class:`BatchMeta` (``batch.meta``).
+
+    Example: ``Batch.from_columns({"x": np.zeros((2, 3))})["x"].shape == (2, 3)``.
+    """
+
+    __slots__ = ("_columns", "meta")
+
+    meta: BatchMeta
+
+    def __init__(self, meta: BatchMeta, columns: Mapping[str, Column]) -> None:
+        """Pair ``meta`` with ``columns`` already normalized; they must match its schema.
+
+        Prefer :meth:`from_columns`, which infers the schema. Cost: O(F).
+        """
+        if list(columns) != meta.field_names:
+            raise ValueError(f"columns {list(columns)} do not match fields {meta.field_names}")
+        for name, column in columns.items():
+            if len(column) != len(meta):
+                raise ValueError(f"field {name!r}: {len(column)} samples, expected {len(meta)}")
+        self.meta = meta
+        self._columns = dict(columns)
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, Any], meta: BatchMeta | None = None) -> Batch:
+        """Build from columns, inferring each field's schema from the column itself.
+
+        Columns: NumPy arrays or torch tensors ``[B, ...]`` (CPU memory is shared,
+        not copied), jagged-layout nested tensors or :class:`Jagged`, lists of
+        objects. All must have the same B. Without ``meta``, samples get global
+        indexes 0..B-1, partition ``""`` and are ready; with ``meta`` (B samples),
+        its samples, status and extras are kept and its schema replaced.
+        Cost: O(F) + O(B) per jagged column.
+        """
+        stored: dict[str, Column] = {}
+        schema: dict[str, FieldSchema] = {}
+        for name, column in columns.items():
+            stored[name], schema[name] = normalize_column(name, column)
+        rows = {name: len(c) for name, c in stored.items()}
+        if len(set(rows.values())) > 1:
+            raise ValueError(f"columns disagree on the batch size: {rows}")
+        size = next(iter(rows.values()), 0 if meta is None else len(meta))
+        if meta is None:
+            meta = BatchMeta(np.arange(size, dtype=np.int64), production_status=np.ones(size))
+        elif len(meta) != size:
+            raise ValueError(f"meta has {len(meta)} samples, columns have {size}")
+        return cls(meta.with_schema(schema), stored)
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    def __getitem__(self, name: str) -> Column:
+        """The column ``name`` as stored: an ndarray, a Jagged or a list."""
+        try:
+            return self._columns[name]
+        except KeyError:
+            raise KeyError(f"no field {name!r}; fields are {self.fields}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns
+
+    @property
+    def fields(self) -> list[str]:
+        """Field names in column order."""
+        return list(self._columns)
+
+    def __repr__(self) -> str:
+        return f"Batch(size={len(self)}, fields={self.fields})"
+
+    def to_numpy(self) -> dict[str, Column]:
+        """name -> column (ndarray, Jagged or list), shared with the batch. Cost: O(F)."""
+        return dict(self._columns)
+
+    def to_torch(
+        self,
+        *,
+        pin_memory: bool = False,
+        device: Any = None,
+        jagged: Literal["nested", "offsets"] = "nested",
+    ) -> dict[str, Any]:
+        """name -> tensor; lists stay lists.
+
+        Dense columns share memory with the batch (``torch.from_numpy``) unless
+        ``pin_memory`` (one copy into pinned memory) or ``device`` asks for a
+        copy. Jagged columns become nested tensors in the jagged layout, or with
+        ``jagged="offsets"`` a ``(values, offsets)`` pair of tensors. Tensors
+        over received frames are read-only memory: do not write into them.
+        Cost: O(F), plus the copies asked for.
+        """
+        if jagged not in ("nested", "offsets"):
+            raise ValueError(f"jagged must be 'nested' or 'offsets', got {jagged!r}")
+        import torch
+
+        def tensor(array: np.ndarray) -> Any:
+            if any(s < 0 for s in array.strides):
+                array = np.ascontiguousarray(array)  # torch cannot view negative strides
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                out = torch.from_numpy(array)
+            if pin_memory:
+                out = out.pin_memory()
+            if device is not None:
+                out = out.to(device, non_blocking=pin_memory)
+            return out
+
+        result: dict[str, Any] = {}
+        for name, column in self._columns.items():
+            if isinstance(column, list):
+                result[name] = column
+            elif isinstance(column, Jagged):
+                compact = column.compact()
+                values, offsets = tensor(compact.values), tensor(compact.offsets)
+                if jagged == "offsets":
+                    result[name] = (values, offsets)
+                else:
+                    result[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
+            else:
+                result[name] = tensor(column)
+        return result
+
+    def select(self, indices: Any) -> Batch:
+        """The samples at positions ``indices`` (ints, mask or slice), in that order.
+
+        Cost: O(k) per dense column (a view for a slice), O(k + items) per
+        jagged column, O(k) per list.
+        """
+        positions = as_positions(indices, len(self))
+        columns: dict[str, Column] = {}
+        for name, column in self._columns.items():
+            if isinstance(column, Jagged):
+                columns[name] = column.take(positions)
+            elif isinstance(column, list):
+                if isinstance(positions, slice):
+                    columns[name] = column[positions]
+                else:
+                    columns[name] = [column[i] for i in positions.tolist()]
+            else:
+                columns[name] = column[positions]
+        return Batch(self.meta.select(positions), columns)
+
+    def select_fields(self, names: Sequence[str]) -> Batch:
+        """Only the fields ``names``, in that order (columns shared). Cost: O(F)."""
+        meta = self.meta.select_fields(names)
+        return Batch(meta, {n: self._columns[n] for n in names})
+
+    def chunk(self, n: int) -> list[Batch]:
+        """``n`` consecutive parts, sizes as :meth:`BatchMeta.chunk`; all columns are views.
+
+        Cost: O(n * F) (list columns: O(B) in total).
+        """
+        return [self.select(slice(a, b)) for a, b in chunk_bounds(len(self), n)]
+
+    @classmethod
+    def concat(cls, batches: Sequence[Batch]) -> Batch:
+        """All samples of ``batches`` in order; fields must agree (as BatchMeta.concat).
+
+        Cost: O(B) per column (one copy of each).
+        """
+        meta = BatchMeta.concat([b.meta for b in batches])
+        columns: dict[str, Column] = {}
+        for name in meta.field_names:
+            parts = [b._columns[name] for b in batches]
+            first = parts[0]
+            if isinstance(first, Jagged):
+                columns[name] = Jagged.concat(parts)  # type: ignore[arg-type]
+            elif isinstance(first, list):
+                columns[name] = [x for part in parts for x in part]
+            else:
+                columns[name] = np.concatenate(parts)  # type: ignore[arg-type]
+        return cls(meta, columns)
+
+    def to_frames(self) -> list[Any]:
+        """Exactly ``len(fields) + 1`` buffers: a msgpack header, then one per column.
+
+        See :mod:`zerobatch.columnar.frames` for the layout. Dense columns are not
+        copied; each jagged column is packed once. Cost: O(B) + O(F) + jagged bytes.
+        """
+        return frames.encode(self.meta, self._columns)
+
+    @classmethod
+    def from_frames(cls, buffers: Sequence[Any]) -> Batch:
+        """Rebuild from :meth:`to_frames`'s buffers; arrays view them (no copy).
+
+        Raises FormatError naming the frame and field for anything malformed.
+        """
+        meta, columns = frames.decode(buffers)
+        return cls(meta, columns)
