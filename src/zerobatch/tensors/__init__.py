@@ -1,0 +1,41 @@
+"""bintensors and safetensors files: byte-compatible with the reference
+packages of those names, read zero-copy, checked before anything is mapped.
+
+Both formats: ``N`` (u64 little-endian), ``N`` header bytes padded with spaces
+to a multiple of 8, then the tensors' bytes, little-endian, C order, packed
+back to back from offset 0. bintensors encodes the header with bincode,
+safetensors with JSON; readers tell them apart by the header's first byte.
+See ``docs/FORMAT.md`` for every byte.
+"""
+
+from __future__ import annotations
+
+from zerobatch.tensors._api import (
+    checksum,
+    load,
+    load_file,
+    save,
+    save_file,
+    save_with_checksum,
+)
+from zerobatch.tensors._describe import describe, is_tensor_file
+from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header, TensorInfo
+from zerobatch.tensors._open import TensorSlice, safe_open
+
+__all__ = [
+    "BINTENSORS",
+    "HEADER_LIMIT",
+    "SAFETENSORS",
+    "Header",
+    "TensorInfo",
+    "TensorSlice",
+    "checksum",
+    "describe",
+    "is_tensor_file",
+    "load",
+    "load_file",
+    "safe_open",
+    "save",
+    "save_file",
+    "save_with_checksum",
+]

@@ -1,0 +1,98 @@
+"""save / load for bytes and files, and checksums."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from zerobatch.tensors import numpy as _numpy
+from zerobatch.tensors._arrays import plan
+from zerobatch.tensors._format import encode_header, read_header
+from zerobatch.tensors._header import BINTENSORS
+from zerobatch.tensors._open import adapter, safe_open
+
+__all__ = ["checksum", "load", "load_file", "save", "save_file", "save_with_checksum"]
+
+_CHUNK = 8 << 20
+
+
+def save(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None, *,
+         format: str = BINTENSORS) -> bytes:
+    """The file bytes for ``tensors`` (NumPy, PyTorch or JAX arrays by name).
+
+    ``format`` is ``"bintensors"`` or ``"safetensors"``; the bytes equal what
+    the reference package of that name writes.
+    """
+    planned, entries = plan(tensors, metadata, format)
+    head = encode_header(format, None if metadata is None else dict(metadata), entries)
+    return b"".join([head, *(item.data.data for item in planned)])
+
+
+def save_with_checksum(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None,
+                       hasher: Callable[..., Any] = hashlib.sha1, *,
+                       format: str = BINTENSORS) -> tuple[bytes, bytes]:
+    """``(hasher(file bytes).digest(), file bytes)``, as bintensors does."""
+    data = save(tensors, metadata, format=format)
+    return hasher(data).digest(), data
+
+
+def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
+              metadata: Mapping[str, str] | None = None, *, format: str = BINTENSORS) -> None:
+    """Write ``tensors`` to ``path`` atomically: a temporary file in the same
+    folder is written, flushed, then renamed over ``path``. Nothing is written
+    when any tensor is invalid. Contiguous little-endian arrays are written
+    from their own memory, without a copy."""
+    planned, entries = plan(tensors, metadata, format)
+    head = encode_header(format, None if metadata is None else dict(metadata), entries)
+    path = os.fspath(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(descriptor, "wb") as file:
+            file.write(head)
+            for item in planned:
+                file.write(item.data.data)
+            file.flush()
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
+def load(data: bytes | bytearray, framework: str = "np") -> dict[str, Any]:
+    """All tensors in ``data`` (file bytes), in file order.
+
+    NumPy arrays are read-only views of ``data``; other frameworks get one
+    copy of the bytes so their tensors are writable.
+    """
+    convert = adapter(framework).convert
+    if framework not in ("np", "numpy"):
+        data = bytearray(data)  # copy: torch and JAX want writable memory
+    header = read_header(data)
+    rows = [header.index[name] for name in header.offset_order()]
+    return {
+        header.names[row]: convert(_numpy.view(data, header, row, path=None), "cpu")
+        for row in rows
+    }
+
+
+def load_file(path: str | os.PathLike[str], framework: str = "np",
+              device: str | int = "cpu") -> dict[str, Any]:
+    """All tensors in the file at ``path``, in file order (zero-copy on the CPU)."""
+    with safe_open(path, framework, device) as file:
+        return {name: file.get_tensor(name) for name in file.offset_keys()}
+
+
+def checksum(path: str | os.PathLike[str], hasher: Callable[..., Any] = hashlib.sha1) -> bytes:
+    """``hasher`` digest of the whole file: equals the first item of
+    :func:`save_with_checksum` for the same bytes. Reads 8 MiB at a time."""
+    state = hasher()
+    with open(path, "rb") as file:
+        while chunk := file.read(_CHUNK):
+            state.update(chunk)
+    digest: bytes = state.digest()
+    return digest

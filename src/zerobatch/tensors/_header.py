@@ -1,0 +1,65 @@
+"""The parsed header of a tensor file, in columns, shared by both formats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zerobatch.tensors._dtypes import DTYPES
+
+__all__ = ["BINTENSORS", "FORMATS", "HEADER_LIMIT", "SAFETENSORS", "Header", "TensorInfo"]
+
+BINTENSORS = "bintensors"
+SAFETENSORS = "safetensors"
+FORMATS = (BINTENSORS, SAFETENSORS)
+HEADER_LIMIT = 100_000_000
+"""Largest header (bytes after the 8-byte length) either reader accepts."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: dtype string, shape, and byte range in the data section."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Header:
+    """A validated header, one column per field, rows in stored order.
+
+    ``dims[dim_starts[i]:dim_starts[i + 1]]`` is the shape of tensor ``i``;
+    ``begins``/``ends`` are byte offsets relative to ``data_start``.
+    """
+
+    format: str
+    metadata: dict[str, str] | None
+    names: list[str]
+    codes: np.ndarray[Any, np.dtype[np.uint8]]
+    dims: np.ndarray[Any, np.dtype[np.uint64]]
+    dim_starts: np.ndarray[Any, np.dtype[np.int64]]
+    begins: np.ndarray[Any, np.dtype[np.uint64]]
+    ends: np.ndarray[Any, np.dtype[np.uint64]]
+    data_start: int
+    index: dict[str, int] = field(repr=False)
+
+    def info(self, row: int) -> TensorInfo:
+        """The tensor stored at ``row``."""
+        shape = tuple(self.dims[self.dim_starts[row] : self.dim_starts[row + 1]].tolist())
+        return TensorInfo(
+            self.names[row],
+            DTYPES[int(self.codes[row])].name,
+            shape,
+            int(self.begins[row]),
+            int(self.ends[row]),
+        )
+
+    def offset_order(self) -> list[str]:
+        """Tensor names sorted by where their data begins."""
+        order = np.lexsort((self.ends, self.begins))
+        return [self.names[row] for row in order.tolist()]

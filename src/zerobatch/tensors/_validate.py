@@ -1,0 +1,111 @@
+"""Layout checks shared by both formats: every byte of the data section
+belongs to exactly one tensor, in order, and each tensor's byte range is exactly
+``prod(shape) * dtype size`` long."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+from zerobatch.errors import FormatError
+from zerobatch.tensors._dtypes import DTYPES
+from zerobatch.tensors._header import BINTENSORS, Header
+
+__all__ = ["check_layout"]
+
+_OK = 0
+_OVERFLOW = 1
+_PARTIAL_BYTE = 2
+_REVERSED = 3
+_HOLE = 4
+_OVERLAP = 5
+_SIZE = 6
+
+_BITS = np.array([d.bits for d in DTYPES], np.uint64)
+_U64_MAX = np.uint64(2**64 - 1)
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk(order: Any, bits: Any, codes: Any, dims: Any, starts: Any, begins: Any,
+          ends: Any) -> Any:
+    """(error, row, end of the last tensor) walking rows in ``order`` from offset 0."""
+    expected = np.uint64(0)
+    for row in order:
+        total = bits[codes[row]]
+        for k in range(starts[row], starts[row + 1]):
+            dim = dims[k]
+            if dim != 0 and total > _U64_MAX // dim:
+                return _OVERFLOW, row, 0
+            total *= dim
+        if total % np.uint64(8) != 0:
+            return _PARTIAL_BYTE, row, 0
+        begin = begins[row]
+        end = ends[row]
+        if end < begin:
+            return _REVERSED, row, 0
+        if begin > expected:
+            return _HOLE, row, 0
+        if begin < expected:
+            return _OVERLAP, row, 0
+        if end - begin != total // np.uint64(8):
+            return _SIZE, row, 0
+        expected = end
+    return _OK, -1, expected
+
+
+def _message(code: int, header: Header, row: int) -> tuple[str, str]:
+    info = header.info(row)
+    where = f"tensor {info.name!r} ({info.dtype}, shape {list(info.shape)})"
+    if code == _OVERFLOW:
+        return f"{where}: the byte size of this shape overflows 64 bits", "shape"
+    if code == _PARTIAL_BYTE:
+        return f"{where}: packed elements do not fill whole bytes", "shape"
+    if code == _REVERSED:
+        return f"{where}: data offsets [{info.begin}, {info.end}] end before they begin", (
+            "data_offsets"
+        )
+    if code in (_HOLE, _OVERLAP):
+        kind = "a hole before" if code == _HOLE else "overlaps the previous tensor at"
+        walk = "in stored order" if header.format == BINTENSORS else "sorted by offset"
+        return (
+            f"{where}: data offsets [{info.begin}, {info.end}] leave {kind} its start; "
+            f"tensors must be contiguous from offset 0 ({walk})",
+            "data_offsets",
+        )
+    count = 1
+    for dim in info.shape:
+        count *= dim
+    return (
+        f"{where}: data offsets [{info.begin}, {info.end}] hold {info.end - info.begin} bytes, "
+        f"shape x dtype needs {count * DTYPES[int(header.codes[row])].bits // 8}",
+        "data_offsets",
+    )
+
+
+def check_layout(header: Header, data_len: int, *, path: object) -> None:
+    """Raise :class:`FormatError` unless the tensors tile ``data_len`` bytes exactly.
+
+    bintensors is walked in stored order, safetensors sorted by (begin, end),
+    as each reference reader does.
+    """
+    if header.format == BINTENSORS:
+        order = np.arange(len(header.names))
+    else:
+        order = np.lexsort((header.ends, header.begins))
+    code, row, end = _walk(
+        order, _BITS, header.codes, header.dims, header.dim_starts, header.begins, header.ends
+    )
+    if code != _OK:
+        message, field = _message(code, header, row)
+        raise FormatError(message, path=path, field=field)
+    if end != data_len:
+        hint = "trailing bytes after the last tensor" if data_len > end else (
+            "file seems not fully written?"
+        )
+        raise FormatError(
+            f"tensors cover {end} data bytes but the file holds {data_len}: {hint}",
+            path=path,
+            field="data_offsets",
+        )

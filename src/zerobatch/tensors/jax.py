@@ -1,0 +1,23 @@
+"""JAX arrays from tensor-file bytes: one copy onto the device (which on the
+CPU backend may alias the read-only mapping instead). JAX is imported lazily."""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ACCESS", "convert"]
+
+ACCESS = mmap.ACCESS_READ
+"""How a file is mapped for this framework: shared and read-only."""
+
+
+def convert(array: np.ndarray[Any, Any], device: str | int) -> Any:
+    """``array`` placed on ``device``: ``"cpu"``, ``"gpu"``, or ``"gpu:1"``-style."""
+    import jax
+
+    platform, _, number = str(device).partition(":")
+    target = jax.devices(platform)[int(number or 0)]
+    return jax.device_put(array, target)

@@ -1,0 +1,38 @@
+"""PyTorch tensors over tensor-file bytes.
+
+Files are mapped copy-on-write (``mmap.ACCESS_COPY``): tensors share the
+mapping's pages, are writable without a warning, and writes stay private to
+the process. A device other than the CPU costs exactly one copy.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import Any
+
+import numpy as np
+
+from zerobatch.tensors._dtypes import DTYPES, code_of_numpy
+
+__all__ = ["ACCESS", "convert"]
+
+ACCESS = mmap.ACCESS_COPY
+"""How a file is mapped for this framework: private, copy-on-write."""
+
+_SAME_SIZE_INT = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
+
+
+def convert(array: np.ndarray[Any, Any], device: str | int) -> Any:
+    """A ``torch.Tensor`` sharing ``array``'s memory (then moved to ``device``)."""
+    import torch
+
+    code = code_of_numpy(array.dtype)
+    if code is None:
+        raise TypeError(f"no torch dtype for {array.dtype}")
+    raw = array.view(_SAME_SIZE_INT[array.dtype.itemsize])
+    if not raw.flags.aligned or any(stride < 0 for stride in raw.strides):
+        raw = raw.copy()  # copy: torch needs aligned data and non-negative strides
+    tensor = torch.from_numpy(raw).view(getattr(torch, str(DTYPES[code].torch_name)))
+    if torch.device(device).type != "cpu":
+        tensor = tensor.to(device)
+    return tensor
