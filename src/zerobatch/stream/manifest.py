@@ -1,0 +1,314 @@
+"""The token-stream dataset format, version 1: the spec and ``manifest.json``.
+
+A dataset is a folder (or object-store prefix) holding ``manifest.json`` and,
+per shard ``NNNNN`` (five or more decimal digits, numbered from 0):
+
+``NNNNN.tokens``
+    A headerless little-endian C-order array of ``records`` records of
+    ``record_dtype``: the token id alone (``<u2`` or ``<u4``), or a packed
+    structured record with the ``token`` field first, then the per-token
+    fields, then ``meta_id`` (``<u4``) when the dataset has span metadata.
+    Size: ``records * itemsize`` bytes exactly.
+``NNNNN.docs``
+    ``documents + 1`` little-endian ``<u8`` record offsets: where each
+    document starts, then ``records``. Strictly increasing; the first is 0.
+    Documents never cross shards.
+``NNNNN.meta.index``, ``NNNNN.meta.data``
+    Only when the dataset has span metadata. The index holds ``entries + 1``
+    ``<u8`` byte offsets into the data file, non-decreasing, first 0, last the
+    data file's size; entry ``k`` is ``data[index[k]:index[k+1]]``, one value
+    serialized by the manifest's serializer. A token's ``meta_id`` is the
+    shard-local entry id ``k`` covering it, or ``NO_METADATA`` (2**32 - 1).
+    Entry ids grow with token position and each entry covers one contiguous
+    run of tokens inside one document.
+
+``manifest.json`` is UTF-8 JSON, at most ``MAX_MANIFEST_BYTES``, written last:
+``format`` (``FORMAT``), ``version`` (``VERSION``), ``record_dtype`` (a NumPy
+descr: a string or a list of ``[name, type]`` pairs), ``token_field`` (null for
+a plain token array), ``metadata`` (null, or ``{"serializer": name}``),
+``tokenizer`` (null, or ``{"name", "vocab_size", "eos_id", "bos_id"}``, any of
+them null) and ``shards``: a list of ``{"name", "records", "documents",
+"metadata_entries", "files"}`` where ``files`` maps each suffix (``tokens``,
+``docs``, ``meta.index``, ``meta.data``) to ``{"bytes", "xxh3_64"}`` (the
+XXH3-64 digest of the file as 16 lowercase hex digits).
+
+Readers MUST check file sizes against the manifest before reading and MUST NOT
+trust offsets read from files without range checks. Readers MAY ignore unknown
+manifest keys; writers MUST NOT write a different layout under version 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zerobatch.errors import FormatError
+
+__all__ = [
+    "DOCS",
+    "FORMAT",
+    "MANIFEST",
+    "MAX_MANIFEST_BYTES",
+    "META_DATA",
+    "META_ID",
+    "META_INDEX",
+    "NO_METADATA",
+    "OFFSET_DTYPE",
+    "TOKEN",
+    "TOKENS",
+    "VERSION",
+    "Manifest",
+    "Shard",
+    "Tokenizer",
+    "read_manifest",
+    "shard_name",
+    "write_manifest",
+]
+
+FORMAT = "zerobatch.stream"
+VERSION = 1
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 256 << 20
+TOKENS, DOCS, META_INDEX, META_DATA = "tokens", "docs", "meta.index", "meta.data"
+TOKEN, META_ID = "token", "meta_id"
+OFFSET_DTYPE = np.dtype("<u8")
+META_ID_DTYPE = np.dtype("<u4")
+NO_METADATA = 2**32 - 1
+TOKEN_DTYPES = ("<u2", "<u4")
+
+
+def shard_name(number: int) -> str:
+    """The name of shard ``number``: ``00000``, ``00001``, …"""
+    return f"{number:05d}"
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """Facts about the tokenizer that produced the ids; any may be None."""
+
+    name: str | None = None
+    vocab_size: int | None = None
+    eos_id: int | None = None
+    bos_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One row of the shard table: sizes in records, documents and entries."""
+
+    name: str
+    records: int
+    documents: int
+    metadata_entries: int | None
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def file(self, suffix: str) -> str:
+        """The file name of this shard's ``suffix`` file."""
+        return f"{self.name}.{suffix}"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A parsed, validated ``manifest.json``."""
+
+    record_dtype: np.dtype
+    token_field: str | None
+    metadata: str | None
+    tokenizer: Tokenizer | None
+    shards: tuple[Shard, ...]
+
+    @property
+    def token_dtype(self) -> np.dtype:
+        """The dtype of the token ids."""
+        if self.token_field is None:
+            return self.record_dtype
+        return self.record_dtype.fields[self.token_field][0]  # type: ignore[index]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The per-token fields besides the token and ``meta_id``."""
+        names = self.record_dtype.names or ()
+        return tuple(n for n in names if n not in (TOKEN, META_ID))
+
+    def suffixes(self) -> tuple[str, ...]:
+        """The file suffixes every shard has."""
+        base = (TOKENS, DOCS)
+        return (*base, META_INDEX, META_DATA) if self.metadata is not None else base
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object ``manifest.json`` holds."""
+        tok = self.tokenizer
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "record_dtype": np.lib.format.dtype_to_descr(self.record_dtype),
+            "token_field": self.token_field,
+            "metadata": None if self.metadata is None else {"serializer": self.metadata},
+            "tokenizer": None if tok is None else {
+                "name": tok.name, "vocab_size": tok.vocab_size,
+                "eos_id": tok.eos_id, "bos_id": tok.bos_id,
+            },
+            "shards": [
+                {
+                    "name": s.name, "records": s.records, "documents": s.documents,
+                    "metadata_entries": s.metadata_entries,
+                    "files": {k: {"bytes": b, "xxh3_64": h} for k, (b, h) in s.files.items()},
+                }
+                for s in self.shards
+            ],
+        }
+
+
+def record_dtype(
+    token_dtype: str, fields: dict[str, np.dtype], *, metadata: bool
+) -> tuple[np.dtype, str | None]:
+    """The packed record dtype and the token field for these options."""
+    if not fields and not metadata:
+        return np.dtype(token_dtype), None
+    parts: list[tuple[str, np.dtype]] = [(TOKEN, np.dtype(token_dtype)), *fields.items()]
+    if metadata:
+        parts.append((META_ID, META_ID_DTYPE))
+    return np.dtype(parts), TOKEN
+
+
+def _fail(message: str, path: Path, name: str) -> FormatError:
+    return FormatError(message, path=path, field=name)
+
+
+def _int(value: Any, path: Path, name: str, *, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _fail(f"expected a non-negative integer, found {value!r}", path, name)
+    return value
+
+
+def _parse_dtype(descr: Any, path: Path) -> tuple[np.dtype, str | None]:
+    try:
+        spec = [tuple(p) for p in descr] if isinstance(descr, list) else descr
+        dtype = np.lib.format.descr_to_dtype(spec)
+    except (TypeError, ValueError) as error:
+        raise _fail(f"unknown dtype {descr!r} ({error})", path, "record_dtype") from None
+    if dtype.names is None:
+        if dtype.str not in TOKEN_DTYPES:
+            raise _fail(f"expected one of {TOKEN_DTYPES}, found {dtype.str}", path, "record_dtype")
+        return dtype, None
+    for name in dtype.names:
+        sub = dtype.fields[name][0]  # type: ignore[index]
+        if sub.hasobject or sub.names is not None or sub.byteorder == ">":
+            raise _fail(f"field {name!r} has an unsupported dtype {sub}", path, "record_dtype")
+    if dtype.names[0] != TOKEN or dtype.fields[TOKEN][0].str not in TOKEN_DTYPES:  # type: ignore[index]
+        raise _fail(f"the first field must be {TOKEN!r} of {TOKEN_DTYPES}", path, "record_dtype")
+    if META_ID in dtype.names and dtype.fields[META_ID][0] != META_ID_DTYPE:  # type: ignore[index]
+        raise _fail(f"{META_ID!r} must be {META_ID_DTYPE.str}", path, "record_dtype")
+    return dtype, TOKEN
+
+
+def _parse_shard(raw: Any, i: int, suffixes: tuple[str, ...], path: Path) -> Shard:
+    where = f"shards[{i}]"
+    if not isinstance(raw, dict):
+        raise _fail("expected an object", path, where)
+    name = raw.get("name")
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        raise _fail(f"expected a plain file stem, found {name!r}", path, f"{where}.name")
+    records = _int(raw.get("records"), path, f"{where}.records")
+    documents = _int(raw.get("documents"), path, f"{where}.documents")
+    entries = _int(raw.get("metadata_entries"), path, f"{where}.metadata_entries", optional=True)
+    files_raw = raw.get("files")
+    if not isinstance(files_raw, dict):
+        raise _fail("expected an object", path, f"{where}.files")
+    files: dict[str, tuple[int, str]] = {}
+    for suffix in suffixes:
+        entry = files_raw.get(suffix)
+        if not isinstance(entry, dict):
+            raise _fail("missing", path, f"{where}.files.{suffix}")
+        size = _int(entry.get("bytes"), path, f"{where}.files.{suffix}.bytes")
+        digest = entry.get("xxh3_64")
+        if not isinstance(digest, str) or len(digest) != 16:
+            raise _fail(f"expected 16 hex digits, found {digest!r}", path,
+                        f"{where}.files.{suffix}.xxh3_64")
+        files[suffix] = (size, digest)
+    return Shard(name, records, documents, entries, files)
+
+
+def _parse_tokenizer(raw: Any, path: Path) -> Tokenizer | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise _fail("expected an object or null", path, "tokenizer")
+    name = raw.get("name")
+    if name is not None and not isinstance(name, str):
+        raise _fail(f"expected a string, found {name!r}", path, "tokenizer.name")
+    return Tokenizer(
+        name,
+        *(_int(raw.get(k), path, f"tokenizer.{k}", optional=True)
+          for k in ("vocab_size", "eos_id", "bos_id")),
+    )
+
+
+def parse_manifest(raw: Any, path: Path) -> Manifest:
+    """Validate a decoded manifest; ``FormatError`` names the first bad field."""
+    if not isinstance(raw, dict):
+        raise _fail("expected a JSON object", path, "manifest")
+    if raw.get("format") != FORMAT:
+        raise _fail(f"expected {FORMAT!r}, found {raw.get('format')!r}", path, "format")
+    if raw.get("version") != VERSION:
+        raise _fail(f"expected {VERSION}, found {raw.get('version')!r}", path, "version")
+    dtype, token_field = _parse_dtype(raw.get("record_dtype"), path)
+    if raw.get("token_field") != token_field:
+        raise _fail(f"expected {token_field!r}, found {raw.get('token_field')!r}",
+                    path, "token_field")
+    meta = raw.get("metadata")
+    serializer = None
+    if meta is not None:
+        serializer = meta.get("serializer") if isinstance(meta, dict) else None
+        if not isinstance(serializer, str):
+            raise _fail(f"expected a serializer name, found {meta!r}", path, "metadata")
+    has_ids = dtype.names is not None and META_ID in dtype.names
+    if has_ids != (serializer is not None):
+        raise _fail(f"metadata and the {META_ID!r} field must come together", path, "metadata")
+    shards_raw = raw.get("shards")
+    if not isinstance(shards_raw, list):
+        raise _fail("expected a list", path, "shards")
+    suffixes = (TOKENS, DOCS, META_INDEX, META_DATA) if serializer else (TOKENS, DOCS)
+    shards = tuple(_parse_shard(s, i, suffixes, path) for i, s in enumerate(shards_raw))
+    if len({s.name for s in shards}) != len(shards):
+        raise _fail("shard names must be unique", path, "shards")
+    for i, s in enumerate(shards):
+        if (s.metadata_entries is None) == (serializer is not None):
+            raise _fail("must be set exactly when the dataset has metadata", path,
+                        f"shards[{i}].metadata_entries")
+    return Manifest(dtype, token_field, serializer, _parse_tokenizer(raw.get("tokenizer"), path),
+                    shards)
+
+
+def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
+    """Read and validate ``folder/manifest.json`` (size capped before parsing)."""
+    path = Path(folder) / MANIFEST
+    with open(path, "rb") as file:
+        data = file.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise _fail(f"larger than {MAX_MANIFEST_BYTES} bytes", path, "manifest")
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _fail(f"not valid JSON ({error}); file seems not fully written?",
+                    path, "manifest") from None
+    return parse_manifest(raw, path)
+
+
+def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Write ``manifest.json`` atomically (temporary name, fsync, rename)."""
+    path = Path(folder) / MANIFEST
+    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as file:
+        json.dump(manifest.to_json(), file, indent=1)
+        file.write("\n")
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)

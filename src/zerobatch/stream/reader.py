@@ -1,0 +1,453 @@
+"""Read token-stream datasets: ``open_dataset``, ``TokenWindows``, ``Documents``.
+
+``Dataset`` is the opened folder; ``TokenWindows`` and ``Documents`` are
+random-access sources over it (``len(src)``, ``src.read(indices) -> Batch``).
+A batch is planned by Numba kernels, read with one vectorized ``pread`` call
+per file kind into one buffer allocated per batch, and decoded without a
+Python loop per sample (metadata values are Python objects, built per entry).
+
+All three are immutable and thread-safe: any number of threads may call
+``read`` at once. Files are opened lazily and kept open until ``close()``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import typed
+
+from zerobatch.columnar import Batch, BatchMeta, Jagged
+from zerobatch.errors import FormatError
+from zerobatch.storage import LocalStorage, Storage
+from zerobatch.stream import _kernels as k
+from zerobatch.stream.manifest import (
+    DOCS,
+    META_DATA,
+    META_ID,
+    META_INDEX,
+    OFFSET_DTYPE,
+    TOKENS,
+    Manifest,
+    Shard,
+    read_manifest,
+)
+from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
+
+__all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
+
+_HEAD = 8  # spare bytes before metadata entries (see serializers.loads_many)
+_TOKEN_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
+
+
+def _token_dtype(dtype: Any) -> np.dtype | None:
+    """The output dtype for token columns; None keeps the stored dtype."""
+    if isinstance(dtype, str) and dtype == "stored":
+        return None
+    try:
+        out = np.dtype(dtype)
+    except TypeError:
+        out = None
+    if out is None or out.name not in _TOKEN_DTYPES:
+        raise ValueError(f"dtype must be 'int64', 'int32' or 'stored', got {dtype!r}")
+    return out
+
+
+def _indices(indices: Any) -> npt.NDArray[np.int64]:
+    array = np.asarray(indices)
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise TypeError(f"indices must be a 1-D integer array, got {array.dtype} {array.shape}")
+    return np.ascontiguousarray(array, dtype=np.int64)
+
+
+class Dataset:
+    """An opened token-stream dataset folder. Create with ``open_dataset``.
+
+    Opening reads the manifest and the size of every file (O(shards)); no token,
+    document or metadata byte is read until a source reads. Immutable and
+    thread-safe; ``close()`` is idempotent and makes later reads fail.
+    """
+
+    def __init__(self, path: Path, manifest: Manifest, storage: Storage, serializer: Any) -> None:
+        self._path = path
+        self._manifest = manifest
+        self._storage = storage
+        self._serializer = serializer
+        shards = manifest.shards
+        self._records = np.array([s.records for s in shards], dtype=np.int64)
+        self._shard_starts = np.concatenate([[0], np.cumsum(self._records)]).astype(np.int64)
+        self._doc_starts = np.concatenate(
+            [[0], np.cumsum([s.documents for s in shards])]
+        ).astype(np.int64)
+        self._entries = np.array([s.metadata_entries or 0 for s in shards], dtype=np.int64)
+        self._data_sizes = np.array(
+            [s.files[META_DATA][0] if META_DATA in s.files else 0 for s in shards], dtype=np.int64
+        )
+        self._handles = {kind: np.full(len(shards), -1, dtype=np.int64)
+                         for kind in (TOKENS, META_INDEX, META_DATA)}
+        self._docs: typed.List | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def path(self) -> Path:
+        """The dataset folder."""
+        return self._path
+
+    @property
+    def manifest(self) -> Manifest:
+        """The parsed manifest."""
+        return self._manifest
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens (records) in all shards."""
+        return int(self._shard_starts[-1])
+
+    @property
+    def num_documents(self) -> int:
+        """Documents in all shards."""
+        return int(self._doc_starts[-1])
+
+    @property
+    def has_metadata(self) -> bool:
+        """Whether the dataset stores span metadata."""
+        return self._manifest.metadata is not None
+
+    def __repr__(self) -> str:
+        return (f"Dataset({str(self._path)!r}, tokens={self.num_tokens}, "
+                f"documents={self.num_documents}, shards={len(self._manifest.shards)})")
+
+    def __enter__(self) -> Dataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close every file; idempotent. Reads afterwards raise ``OSError``."""
+        with self._lock:
+            for handles in self._handles.values():
+                handles[:] = -1
+            self._storage.close()
+
+    def windows(
+        self, seq_len: int, *, stride: int | None = None, labels: bool = True,
+        dtype: Any = "int64",
+    ) -> TokenWindows:
+        """Fixed-length windows over all documents concatenated (see ``TokenWindows``)."""
+        return TokenWindows(self, seq_len, stride=stride, labels=labels, dtype=dtype)
+
+    def documents(self, *, max_len: int | None = None, dtype: Any = "int64") -> Documents:
+        """One observation per document (see ``Documents``)."""
+        return Documents(self, max_len=max_len, dtype=dtype)
+
+    # -- shared read machinery ------------------------------------------------
+
+    def _shard_error(self, shard: int, suffix: str, field: str, message: str) -> FormatError:
+        name = self._manifest.shards[shard].file(suffix)
+        return FormatError(message, path=self._path / name, field=field)
+
+    def _handles_for(self, kind: str, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        table = self._handles[kind]
+        needed = shards[table[shards] < 0]
+        if needed.size:
+            with self._lock:
+                for s in np.unique(needed).tolist():
+                    table[s] = self._storage.open(self._manifest.shards[s].file(kind))
+        return table[shards]
+
+    def _read(
+        self, kind: str, shards: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64], buffer: npt.NDArray[np.uint8],
+        destinations: npt.NDArray[np.int64],
+    ) -> None:
+        handles = self._handles_for(kind, shards)
+        short = self._storage.read_into(handles, offsets, lengths, buffer, destinations)
+        if short >= 0:
+            raise self._shard_error(
+                int(shards[short]), kind, "bytes",
+                f"file ends before byte {int(offsets[short] + lengths[short])}; "
+                "truncated or not fully written?",
+            )
+
+    def _docs_tables(self) -> typed.List:
+        """Every shard's document offsets, mapped once (8 bytes per document)."""
+        docs = self._docs
+        if docs is not None:
+            return docs
+        with self._lock:
+            if self._docs is None:
+                tables = typed.List()
+                for i, shard in enumerate(self._manifest.shards):
+                    table = self._storage.map(shard.file(DOCS)).view(OFFSET_DTYPE)
+                    if table.shape[0] != shard.documents + 1 or table[0] != 0 or (
+                        int(table[-1]) != shard.records
+                    ):
+                        raise self._shard_error(
+                            i, DOCS, "offsets",
+                            f"expected {shard.documents + 1} offsets from 0 to {shard.records}",
+                        )
+                    tables.append(table)
+                self._docs = tables
+            return self._docs
+
+    def _read_records(self, pieces: npt.NDArray[np.int64], total: int) -> np.ndarray:
+        """Read ``pieces`` into a fresh buffer of ``total`` records."""
+        itemsize = self._manifest.record_dtype.itemsize
+        buffer = np.empty(total * itemsize, dtype=np.uint8)
+        self._read(TOKENS, pieces[:, k.SHARD], pieces[:, k.START] * itemsize,
+                   pieces[:, k.LENGTH] * itemsize, buffer, pieces[:, k.DEST] * itemsize)
+        return buffer.view(self._manifest.record_dtype)
+
+    def _check(self, code: int, shard: int) -> None:
+        if code == k.OK:
+            return
+        if code == k.BAD_DOCS:
+            raise self._shard_error(shard, DOCS, "offsets",
+                                    "document offsets go backwards or past the end")
+        if code == k.BAD_META_ID:
+            raise self._shard_error(shard, TOKENS, META_ID,
+                                    "metadata id out of range of the metadata index")
+        if code == k.META_ORDER:
+            raise self._shard_error(shard, TOKENS, META_ID,
+                                    "metadata ids must rise by one from span to span")
+        raise self._shard_error(shard, META_INDEX, "offsets",
+                                "metadata index goes backwards or past its data file")
+
+    def _metadata(
+        self, records: np.ndarray, pieces: npt.NDArray[np.int64],
+        obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64],
+    ) -> list[list[tuple[int, int, Any]]]:
+        """Per observation, ``(start, end, value)`` of each entry it overlaps."""
+        runs, run_offsets, requests, code, shard = k.meta_runs(
+            records[META_ID], pieces, obs_begin, obs_len, self._entries
+        )
+        self._check(code, shard)
+        counts = requests[:, 2]
+        index_dest = np.zeros(requests.shape[0], dtype=np.int64)
+        np.cumsum(counts[:-1] + 1, out=index_dest[1:])
+        index = np.empty(int((counts + 1).sum()) * OFFSET_DTYPE.itemsize, dtype=np.uint8)
+        self._read(META_INDEX, requests[:, 0], requests[:, 1] * OFFSET_DTYPE.itemsize,
+                   (counts + 1) * OFFSET_DTYPE.itemsize, index,
+                   index_dest * OFFSET_DTYPE.itemsize)
+        reads, bounds, code, shard = k.meta_data_requests(
+            index.view(OFFSET_DTYPE), requests, self._data_sizes
+        )
+        self._check(code, shard)
+        data = np.empty(_HEAD + int(bounds[-1]), dtype=np.uint8)
+        self._read(META_DATA, requests[:, 0], reads[:, 0], reads[:, 1], data, reads[:, 2] + _HEAD)
+        try:
+            values = loads_many(self._serializer, data, bounds, _HEAD)
+        except Exception as error:
+            raise FormatError(f"cannot decode metadata entries ({error})",
+                              path=self._path, field=META_DATA) from error
+        starts, ends = runs[:, 0].tolist(), runs[:, 1].tolist()
+        cuts = run_offsets.tolist()
+        return [list(zip(starts[a:b], ends[a:b], values[a:b], strict=True))
+                for a, b in itertools.pairwise(cuts)]
+
+
+class TokenWindows:
+    """Observation ``i``: tokens ``[i * stride, i * stride + seq_len)`` of the
+    concatenation of all documents, plus one more token for the labels.
+
+    ``len(src) == (num_tokens - seq_len - labels) // stride + 1`` (0 if too
+    short); the tail past the last full window is dropped. ``read(indices)``
+    returns a ``Batch`` with ``input_ids`` and ``labels`` (``[B, seq_len]``;
+    labels are the tokens shifted by one), ``position_ids`` (``[B, seq_len]``,
+    0 at the window start and at every document start), ``cu_seqlens`` (jagged
+    int32, per window the segment starts then ``seq_len``), ``doc_ids`` (jagged
+    int64, the global document id of each segment), each per-token field
+    (``[B, seq_len]``, aligned with ``input_ids``, views of the read buffer) and,
+    with span metadata, ``metadata``: per window a list of ``(start, end,
+    value)`` in window coordinates, clipped to the window. Global indexes in the
+    batch meta are the observation indices. Immutable and thread-safe.
+    """
+
+    def __init__(
+        self, dataset: Dataset, seq_len: int, *, stride: int | None = None,
+        labels: bool = True, dtype: Any = "int64",
+    ) -> None:
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+            raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+        stride = seq_len if stride is None else stride
+        if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+            raise ValueError(f"stride must be a positive int, got {stride!r}")
+        self._ds = dataset
+        self._seq_len = seq_len
+        self._stride = stride
+        self._labels = bool(labels)
+        self._dtype = _token_dtype(dtype)
+        self._span = seq_len + int(self._labels)
+        self._len = max(0, (dataset.num_tokens - self._span) // stride + 1)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __repr__(self) -> str:
+        return (f"TokenWindows(seq_len={self._seq_len}, stride={self._stride}, "
+                f"labels={self._labels}, len={self._len})")
+
+    @property
+    def seq_len(self) -> int:
+        """Tokens per window (without the extra label token)."""
+        return self._seq_len
+
+    def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
+        """The windows at ``indices`` (any order, repeats allowed) as one Batch."""
+        ds, n, seq_len = self._ds, self._span, self._seq_len
+        idx = _indices(indices)
+        pieces, bad = k.plan_windows(idx, self._stride, n, self._len, ds._shard_starts)
+        if bad >= 0:
+            raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
+        b_count = idx.shape[0]
+        records = ds._read_records(pieces, b_count * n)
+        manifest = ds.manifest
+        field = manifest.token_field
+        tokens = (records if field is None else records[field]).reshape(b_count, n)
+        columns: dict[str, Any] = {}
+        if self._dtype is None:
+            columns["input_ids"] = tokens[:, :seq_len]
+            if self._labels:
+                columns["labels"] = tokens[:, 1:]
+        else:
+            inputs = np.empty((b_count, seq_len), dtype=self._dtype)
+            labels = np.empty((b_count if self._labels else 0, seq_len), dtype=self._dtype)
+            k.decode_tokens(tokens, seq_len, inputs, labels)
+            columns["input_ids"] = inputs
+            if self._labels:
+                columns["labels"] = labels
+        pos_dtype = np.int64 if self._dtype == np.int64 else np.int32
+        positions = np.empty((b_count, seq_len), dtype=pos_dtype)
+        cu_off, cu, doc_off, doc_ids, code, shard = k.window_segments(
+            pieces, b_count, n, seq_len, ds._docs_tables(), ds._doc_starts, positions
+        )
+        ds._check(code, shard)
+        columns["position_ids"] = positions
+        columns["cu_seqlens"] = Jagged(cu, cu_off)
+        columns["doc_ids"] = Jagged(doc_ids, doc_off)
+        for name in manifest.fields:
+            columns[name] = records[name].reshape(b_count, n)[:, :seq_len]
+        if ds.has_metadata:
+            begin = np.arange(b_count, dtype=np.int64) * n
+            length = np.full(b_count, seq_len, dtype=np.int64)
+            columns["metadata"] = ds._metadata(records, pieces, begin, length)
+        return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(b_count)))
+
+
+class Documents:
+    """Observation ``i``: document ``i``, its first ``max_len`` tokens (all if None).
+
+    ``read(indices)`` returns a ``Batch`` with jagged ``input_ids``, jagged
+    per-token fields, ``doc_ids`` (``[B]`` int64) and, with span metadata,
+    ``metadata``: per document a list of ``(start, end, value)`` in document
+    coordinates (a document's own metadata is ``(0, len, value)``). Immutable
+    and thread-safe.
+    """
+
+    def __init__(
+        self, dataset: Dataset, *, max_len: int | None = None, dtype: Any = "int64"
+    ) -> None:
+        if max_len is not None and (
+            isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1
+        ):
+            raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+        self._ds = dataset
+        self._max_len = max_len
+        self._dtype = _token_dtype(dtype)
+
+    def __len__(self) -> int:
+        return self._ds.num_documents
+
+    def __repr__(self) -> str:
+        return f"Documents(max_len={self._max_len}, len={len(self)})"
+
+    def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
+        """The documents at ``indices`` (any order, repeats allowed) as one Batch."""
+        ds = self._ds
+        idx = _indices(indices)
+        pieces, offsets, bad, code, shard = k.plan_documents(
+            idx, self._max_len or 0, ds._doc_starts, ds._docs_tables(), ds._records
+        )
+        if bad >= 0:
+            raise IndexError(f"document {int(idx[bad])} is out of range for {len(self)}")
+        ds._check(code, shard)
+        records = ds._read_records(pieces, int(offsets[-1]))
+        field = ds.manifest.token_field
+        tokens = records if field is None else records[field]
+        # The cast is a copy by nature; "stored" keeps a view of the read buffer.
+        values = tokens if self._dtype is None else tokens.astype(self._dtype)
+        columns: dict[str, Any] = {"input_ids": Jagged(values, offsets), "doc_ids": idx}
+        for name in ds.manifest.fields:
+            columns[name] = Jagged(records[name], offsets)
+        if ds.has_metadata:
+            columns["metadata"] = ds._metadata(records, pieces, offsets[:-1], np.diff(offsets))
+        return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(len(idx))))
+
+
+def _check_sizes(path: Path, manifest: Manifest, storage: Storage) -> None:
+    """Every file exists with the size the manifest gives (O(files) stats)."""
+    itemsize = manifest.record_dtype.itemsize
+    for shard in manifest.shards:
+        expected = _expected_sizes(shard, itemsize)
+        for suffix, (size, _) in shard.files.items():
+            name = shard.file(suffix)
+            try:
+                actual = storage.size(name)
+            except FileNotFoundError:
+                raise FormatError("file is missing", path=path / name, field="files") from None
+            if actual != size:
+                raise FormatError(f"manifest says {size} bytes, file has {actual}; "
+                                  "truncated or not fully written?", path=path / name,
+                                  field=f"files.{suffix}.bytes")
+            want = expected.get(suffix)
+            if want is not None and want != size:
+                raise FormatError(f"expected {want} bytes from the shard table, "
+                                  f"manifest says {size}", path=path / name,
+                                  field=f"files.{suffix}.bytes")
+
+
+def _expected_sizes(shard: Shard, itemsize: int) -> dict[str, int]:
+    """File sizes implied by the shard table (the data file's size is free)."""
+    sizes = {TOKENS: shard.records * itemsize, DOCS: (shard.documents + 1) * 8}
+    if shard.metadata_entries is not None:
+        sizes[META_INDEX] = (shard.metadata_entries + 1) * 8
+    return sizes
+
+
+def open_dataset(
+    path: str | os.PathLike[str], *, metadata: Any = None, storage: Storage | None = None
+) -> Dataset:
+    """Open a token-stream dataset folder: read the manifest, check file sizes.
+
+    ``metadata`` is needed only when the dataset was written with ``"pickle"``
+    (pass ``"pickle"`` to allow unpickling) or a custom serializer (pass the
+    object). Raises ``FormatError`` naming the file and field on a bad manifest
+    or a size mismatch.
+    """
+    folder = Path(path)
+    manifest = read_manifest(folder)
+    storage = LocalStorage(folder) if storage is None else storage
+    _check_sizes(folder, manifest, storage)
+    return Dataset(folder, manifest, storage, _serializer_for(folder, manifest, metadata))
+
+
+def _serializer_for(folder: Path, manifest: Manifest, metadata: Any) -> Any:
+    name = manifest.metadata
+    if name is None:
+        return None
+    if name == "pickle" and metadata != "pickle":
+        raise ValueError(f"{folder} stores pickled metadata; pass metadata='pickle' to "
+                         "allow unpickling (only for data you trust)")
+    if name in BUILTIN:
+        return get_serializer(name)
+    if metadata is None or isinstance(metadata, str):
+        raise ValueError(f"{folder} stores metadata with {name!r}; pass that serializer "
+                         "as metadata=")
+    return get_serializer(metadata)

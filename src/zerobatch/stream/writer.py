@@ -1,0 +1,365 @@
+"""``StreamWriter``: write documents into a token-stream dataset folder."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from zerobatch.stream.manifest import (
+    DOCS,
+    MANIFEST,
+    META_DATA,
+    META_ID,
+    META_INDEX,
+    NO_METADATA,
+    OFFSET_DTYPE,
+    TOKEN,
+    TOKEN_DTYPES,
+    TOKENS,
+    Manifest,
+    Shard,
+    Tokenizer,
+    record_dtype,
+    shard_name,
+    write_manifest,
+)
+from zerobatch.stream.serializers import get_serializer, serializer_name
+
+__all__ = ["DEFAULT_SHARD_TOKENS", "StreamWriter"]
+
+DEFAULT_SHARD_TOKENS = 1 << 28
+_FLUSH_BYTES = 8 << 20
+
+
+class _AtomicFile:
+    """A file written under a temporary name, hashed as written, renamed on commit."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self._file = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+        self._hash = xxhash.xxh3_64()
+        self.size = 0
+
+    def write(self, data: bytes | np.ndarray) -> None:
+        raw = data.view(np.uint8).data if isinstance(data, np.ndarray) else data
+        self._file.write(raw)
+        self._hash.update(raw)
+        self.size += len(raw)
+
+    def commit(self) -> tuple[int, str]:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.tmp, self.path)
+        return self.size, self._hash.hexdigest()
+
+    def abort(self) -> None:
+        self._file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class _ShardBuilder:
+    """Buffers one shard's records, document offsets and metadata entries."""
+
+    def __init__(self, folder: Path, number: int, dtype: np.dtype, metadata: bool) -> None:
+        self.name = shard_name(number)
+        self.tokens = _AtomicFile(folder / f"{self.name}.{TOKENS}")
+        self.meta = _AtomicFile(folder / f"{self.name}.{META_DATA}") if metadata else None
+        self.dtype = dtype
+        self.pending: list[np.ndarray] = []
+        self.pending_bytes = 0
+        self.records = 0
+        self.doc_offsets = [0]
+        self.meta_offsets = [0]
+
+    def add(self, records: np.ndarray) -> None:
+        self.pending.append(records)
+        self.pending_bytes += records.nbytes
+        self.records += records.shape[0]
+        self.doc_offsets.append(self.records)
+        if self.pending_bytes >= _FLUSH_BYTES:
+            self.flush()
+
+    def add_entries(self, blobs: list[bytes]) -> None:
+        assert self.meta is not None
+        for blob in blobs:
+            self.meta.write(blob)
+            self.meta_offsets.append(self.meta.size)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.tokens.write(np.concatenate(self.pending))
+            self.pending, self.pending_bytes = [], 0
+
+    def commit(self, folder: Path) -> Shard:
+        self.flush()
+        files = {TOKENS: self.tokens.commit()}
+        docs = _AtomicFile(folder / f"{self.name}.{DOCS}")
+        docs.write(np.asarray(self.doc_offsets, dtype=OFFSET_DTYPE))
+        files[DOCS] = docs.commit()
+        entries = None
+        if self.meta is not None:
+            index = _AtomicFile(folder / f"{self.name}.{META_INDEX}")
+            index.write(np.asarray(self.meta_offsets, dtype=OFFSET_DTYPE))
+            files[META_INDEX] = index.commit()
+            files[META_DATA] = self.meta.commit()
+            entries = len(self.meta_offsets) - 1
+        return Shard(self.name, self.records, len(self.doc_offsets) - 1, entries, files)
+
+    def abort(self) -> None:
+        self.tokens.abort()
+        if self.meta is not None:
+            self.meta.abort()
+
+
+def _check_fields(fields: Mapping[str, Any] | None) -> dict[str, np.dtype]:
+    out: dict[str, np.dtype] = {}
+    for name, spec in (fields or {}).items():
+        if not isinstance(name, str) or not name.isidentifier() or name in (TOKEN, META_ID):
+            raise ValueError(f"fields: {name!r} is not a usable field name")
+        dtype = np.dtype(spec).newbyteorder("<") if np.dtype(spec).itemsize > 1 else np.dtype(spec)
+        if dtype.kind not in "iufb" or dtype.names is not None or dtype.shape:
+            raise ValueError(f"fields: {name!r} must be a scalar numeric dtype, got {dtype}")
+        out[name] = dtype
+    return out
+
+
+def _check_tokenizer(tokenizer: Tokenizer | Mapping[str, Any] | None) -> Tokenizer | None:
+    if tokenizer is None or isinstance(tokenizer, Tokenizer):
+        return tokenizer
+    unknown = set(tokenizer) - {"name", "vocab_size", "eos_id", "bos_id"}
+    if unknown:
+        raise ValueError(f"tokenizer: unknown keys {sorted(unknown)}")
+    return Tokenizer(**tokenizer)
+
+
+class StreamWriter:
+    """Write documents into a new token-stream dataset folder (see ``manifest``).
+
+    Args:
+        path: the output folder; created if missing, and refused if it already
+            holds a manifest or shard files.
+        token_dtype: ``"<u2"`` (ids below 65,536) or ``"<u4"``.
+        fields: per-token fields, name -> dtype (``{"loss_mask": "u1"}``).
+        metadata: the span-metadata serializer: ``"msgpack"``, ``"json"``,
+            ``"bytes"``, ``"numpy"``, ``"pickle"`` (by name only), or an object
+            with ``dumps``/``loads``. None: the dataset has no metadata.
+        shard_tokens: a shard is closed before a document would take it past
+            this many tokens (records); a longer document gets a shard alone.
+        tokenizer: a ``Tokenizer`` or a dict of its fields, for the manifest.
+
+    Every file is written under a temporary name, fsynced and renamed; the
+    manifest goes last, on ``close()``. After an exception inside ``with``,
+    the writer removes what it wrote and writes no manifest. Not thread-safe.
+
+    >>> with StreamWriter(folder) as w:  # doctest: +SKIP
+    ...     w.add_document([1, 2, 3])
+    0
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        token_dtype: str = "<u2",
+        fields: Mapping[str, Any] | None = None,
+        metadata: Any = None,
+        shard_tokens: int = DEFAULT_SHARD_TOKENS,
+        tokenizer: Tokenizer | Mapping[str, Any] | None = None,
+    ) -> None:
+        if np.dtype(token_dtype).str not in TOKEN_DTYPES:
+            raise ValueError(f"token_dtype must be one of {TOKEN_DTYPES}, got {token_dtype!r}")
+        if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
+            raise ValueError(f"shard_tokens must be a positive int, got {shard_tokens!r}")
+        self._fields = _check_fields(fields)
+        self._serializer = None if metadata is None else get_serializer(metadata)
+        self._tokenizer = _check_tokenizer(tokenizer)
+        self._dtype, self._token_field = record_dtype(
+            np.dtype(token_dtype).str, self._fields, metadata=self._serializer is not None
+        )
+        self._limit = int(np.iinfo(np.dtype(token_dtype)).max)
+        vocab = self._tokenizer.vocab_size if self._tokenizer else None
+        if vocab is not None:
+            if vocab - 1 > self._limit:
+                raise ValueError(f"tokenizer vocab_size {vocab} does not fit token_dtype "
+                                 f"{token_dtype}; use '<u4'")
+            self._limit = vocab - 1
+        self._shard_tokens = shard_tokens
+        self._folder = Path(path)
+        self._folder.mkdir(parents=True, exist_ok=True)
+        existing = [p.name for p in self._folder.iterdir() if p.name == MANIFEST
+                    or p.name.endswith((f".{TOKENS}", f".{DOCS}"))]
+        if existing:
+            raise FileExistsError(f"{self._folder} already holds a dataset ({existing[0]})")
+        self._shards: list[Shard] = []
+        self._current: _ShardBuilder | None = None
+        self._documents = 0
+        self._closed = False
+
+    @property
+    def path(self) -> Path:
+        """The output folder."""
+        return self._folder
+
+    @property
+    def record_dtype(self) -> np.dtype:
+        """The dtype of one stored record."""
+        return self._dtype
+
+    def __enter__(self) -> StreamWriter:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+
+    def add_document(
+        self,
+        tokens: Any,
+        *,
+        metadata: Any = None,
+        spans: Sequence[tuple[int, int, Any]] | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> int:
+        """Append one document; returns its global id (0, 1, …).
+
+        ``metadata`` covers the whole document; ``spans`` are ``(start, end,
+        value)`` in the document's token coordinates, ``0 <= start < end <=
+        len(tokens)``, not overlapping (one or the other). ``fields`` maps field
+        names to per-token arrays; omitted fields are zero.
+        """
+        if self._closed:
+            raise ValueError("the writer is closed")
+        ids = self._check_tokens(tokens)
+        n = ids.shape[0]
+        records = np.zeros(n, dtype=self._dtype)
+        if self._token_field is None:
+            records[:] = ids
+        else:
+            records[TOKEN] = ids
+        for name, values in self._check_doc_fields(fields, n).items():
+            records[name] = values
+        entries = self._check_metadata(metadata, spans, n)
+        builder = self._builder_for(n)
+        if self._serializer is not None:
+            first = len(builder.meta_offsets) - 1
+            meta_ids = np.full(n, NO_METADATA, dtype=np.uint32)
+            for k, (start, end, _) in enumerate(entries):
+                meta_ids[start:end] = first + k
+            records[META_ID] = meta_ids
+            builder.add_entries([self._serializer.dumps(v) for _, _, v in entries])
+        builder.add(records)
+        self._documents += 1
+        return self._documents - 1
+
+    def _check_tokens(self, tokens: Any) -> np.ndarray:
+        array = np.asarray(tokens)
+        if array.ndim != 1 or array.shape[0] == 0:
+            raise ValueError(f"tokens must be a non-empty 1-D sequence, got shape {array.shape}")
+        if array.dtype.kind not in "iu":
+            raise TypeError(f"tokens must be integers, got dtype {array.dtype}")
+        low, high = int(array.min()), int(array.max())
+        if low < 0 or high > self._limit:
+            raise ValueError(f"tokens must be in [0, {self._limit}] for this dataset, "
+                             f"found {low if low < 0 else high}")
+        return array
+
+    def _check_doc_fields(self, fields: Mapping[str, Any] | None, n: int) -> dict[str, Any]:
+        given = dict(fields or {})
+        unknown = set(given) - set(self._fields)
+        if unknown:
+            raise ValueError(f"fields: unknown {sorted(unknown)}; the writer has "
+                             f"{sorted(self._fields)}")
+        for name, values in given.items():
+            array = np.asarray(values)
+            if array.shape != (n,):
+                raise ValueError(f"fields[{name!r}] must have shape ({n},), got {array.shape}")
+            target = self._fields[name]
+            if target.kind in "iu" and array.dtype.kind in "iub" and array.size:
+                info = np.iinfo(target)
+                if int(array.min()) < info.min or int(array.max()) > info.max:
+                    raise ValueError(f"fields[{name!r}] has values outside {target}")
+            given[name] = array
+        return given
+
+    def _check_metadata(
+        self, metadata: Any, spans: Sequence[tuple[int, int, Any]] | None, n: int
+    ) -> list[tuple[int, int, Any]]:
+        if self._serializer is None:
+            if metadata is not None or spans:
+                raise ValueError("metadata/spans need a writer opened with metadata=...")
+            return []
+        if metadata is not None and spans is not None:
+            raise ValueError("pass metadata= or spans=, not both; put document-level "
+                             "facts into each span's value")
+        if metadata is not None:
+            return [(0, n, metadata)]
+        checked: list[tuple[int, int, Any]] = []
+        for i, span in enumerate(spans or ()):
+            try:
+                start, end, value = span
+            except (TypeError, ValueError):
+                raise ValueError(f"spans[{i}] must be (start, end, value)") from None
+            if not (isinstance(start, (int, np.integer)) and isinstance(end, (int, np.integer))):
+                raise TypeError(f"spans[{i}]: start and end must be ints")
+            if not 0 <= start < end <= n:
+                raise ValueError(f"spans[{i}] = ({start}, {end}) must satisfy "
+                                 f"0 <= start < end <= {n} (the document's length)")
+            checked.append((int(start), int(end), value))
+        checked.sort(key=lambda s: s[0])
+        for a, b in itertools.pairwise(checked):
+            if b[0] < a[1]:
+                raise ValueError(f"spans ({a[0]}, {a[1]}) and ({b[0]}, {b[1]}) overlap")
+        return checked
+
+    def _builder_for(self, n: int) -> _ShardBuilder:
+        current = self._current
+        if current is not None and current.records + n > self._shard_tokens:
+            self._shards.append(current.commit(self._folder))
+            current = None
+        if current is None:
+            current = _ShardBuilder(
+                self._folder, len(self._shards), self._dtype, self._serializer is not None
+            )
+            self._current = current
+        return current
+
+    def close(self) -> None:
+        """Finish the last shard and write the manifest; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._current is not None:
+            self._shards.append(self._current.commit(self._folder))
+            self._current = None
+        name = None if self._serializer is None else serializer_name(self._serializer)
+        write_manifest(self._folder, Manifest(
+            self._dtype, self._token_field, name, self._tokenizer, tuple(self._shards)
+        ))
+
+    def abort(self) -> None:
+        """Remove every file written so far and write no manifest; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._current is not None:
+            self._current.abort()
+            self._current = None
+        for shard in self._shards:
+            for suffix in shard.files:
+                (self._folder / shard.file(suffix)).unlink(missing_ok=True)
