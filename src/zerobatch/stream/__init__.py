@@ -5,7 +5,22 @@ The layout is specified in ``zerobatch.stream.manifest``.
 
 from __future__ import annotations
 
+from zerobatch.stream.combine import combine
+from zerobatch.stream.manifest import Tokenizer
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows, open_dataset
+from zerobatch.stream.verify import Problem, describe, format_problems, verify
 from zerobatch.stream.writer import StreamWriter
 
-__all__ = ["Dataset", "Documents", "StreamWriter", "TokenWindows", "open_dataset"]
+__all__ = [
+    "Dataset",
+    "Documents",
+    "Problem",
+    "StreamWriter",
+    "TokenWindows",
+    "Tokenizer",
+    "combine",
+    "describe",
+    "format_problems",
+    "open_dataset",
+    "verify",
+]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,16 +57,22 @@ __all__ = [
     "MAX_MANIFEST_BYTES",
     "META_DATA",
     "META_ID",
+    "META_ID_DTYPE",
     "META_INDEX",
     "NO_METADATA",
     "OFFSET_DTYPE",
     "TOKEN",
     "TOKENS",
+    "TOKEN_DTYPES",
     "VERSION",
     "Manifest",
     "Shard",
     "Tokenizer",
+    "check_sizes",
+    "expected_sizes",
+    "parse_manifest",
     "read_manifest",
+    "record_dtype",
     "shard_name",
     "write_manifest",
 ]
@@ -300,6 +307,35 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
         raise _fail(f"not valid JSON ({error}); file seems not fully written?",
                     path, "manifest") from None
     return parse_manifest(raw, path)
+
+
+def expected_sizes(shard: Shard, itemsize: int) -> dict[str, int]:
+    """File sizes in bytes implied by the shard table (the data file's is free)."""
+    sizes = {TOKENS: shard.records * itemsize, DOCS: (shard.documents + 1) * OFFSET_DTYPE.itemsize}
+    if shard.metadata_entries is not None:
+        sizes[META_INDEX] = (shard.metadata_entries + 1) * OFFSET_DTYPE.itemsize
+    return sizes
+
+
+def check_sizes(folder: Path, manifest: Manifest, size: Callable[[str], int]) -> None:
+    """Every file exists with the size the manifest gives and the shard table
+    implies; ``size(name)`` is the file's size (O(files) stats, no reads)."""
+    itemsize = manifest.record_dtype.itemsize
+    for i, shard in enumerate(manifest.shards):
+        expected = expected_sizes(shard, itemsize)
+        for suffix, (recorded, _) in shard.files.items():
+            path = folder / shard.file(suffix)
+            try:
+                actual = size(shard.file(suffix))
+            except FileNotFoundError:
+                raise _fail("file is missing", path, f"shards[{i}].files") from None
+            if actual != recorded:
+                raise _fail(f"manifest says {recorded} bytes, file has {actual}; "
+                            "truncated or not fully written?", path, f"files.{suffix}.bytes")
+            want = expected.get(suffix)
+            if want is not None and want != recorded:
+                raise _fail(f"the shard table implies {want} bytes, manifest says {recorded}",
+                            path, f"files.{suffix}.bytes")
 
 
 def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:

@@ -35,7 +35,7 @@ from zerobatch.stream.manifest import (
     OFFSET_DTYPE,
     TOKENS,
     Manifest,
-    Shard,
+    check_sizes,
     read_manifest,
 )
 from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
@@ -391,36 +391,6 @@ class Documents:
         return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(len(idx))))
 
 
-def _check_sizes(path: Path, manifest: Manifest, storage: Storage) -> None:
-    """Every file exists with the size the manifest gives (O(files) stats)."""
-    itemsize = manifest.record_dtype.itemsize
-    for shard in manifest.shards:
-        expected = _expected_sizes(shard, itemsize)
-        for suffix, (size, _) in shard.files.items():
-            name = shard.file(suffix)
-            try:
-                actual = storage.size(name)
-            except FileNotFoundError:
-                raise FormatError("file is missing", path=path / name, field="files") from None
-            if actual != size:
-                raise FormatError(f"manifest says {size} bytes, file has {actual}; "
-                                  "truncated or not fully written?", path=path / name,
-                                  field=f"files.{suffix}.bytes")
-            want = expected.get(suffix)
-            if want is not None and want != size:
-                raise FormatError(f"expected {want} bytes from the shard table, "
-                                  f"manifest says {size}", path=path / name,
-                                  field=f"files.{suffix}.bytes")
-
-
-def _expected_sizes(shard: Shard, itemsize: int) -> dict[str, int]:
-    """File sizes implied by the shard table (the data file's size is free)."""
-    sizes = {TOKENS: shard.records * itemsize, DOCS: (shard.documents + 1) * 8}
-    if shard.metadata_entries is not None:
-        sizes[META_INDEX] = (shard.metadata_entries + 1) * 8
-    return sizes
-
-
 def open_dataset(
     path: str | os.PathLike[str], *, metadata: Any = None, storage: Storage | None = None
 ) -> Dataset:
@@ -434,7 +404,7 @@ def open_dataset(
     folder = Path(path)
     manifest = read_manifest(folder)
     storage = LocalStorage(folder) if storage is None else storage
-    _check_sizes(folder, manifest, storage)
+    check_sizes(folder, manifest, storage.size)
     return Dataset(folder, manifest, storage, _serializer_for(folder, manifest, metadata))
 
 

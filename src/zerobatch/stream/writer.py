@@ -255,7 +255,7 @@ class StreamWriter:
         for name, values in self._check_doc_fields(fields, n).items():
             records[name] = values
         entries = self._check_metadata(metadata, spans, n)
-        builder = self._builder_for(n)
+        builder = self._builder_for(n, len(entries))
         if self._serializer is not None:
             first = len(builder.meta_offsets) - 1
             meta_ids = np.full(n, NO_METADATA, dtype=np.uint32)
@@ -327,9 +327,12 @@ class StreamWriter:
                 raise ValueError(f"spans ({a[0]}, {a[1]}) and ({b[0]}, {b[1]}) overlap")
         return checked
 
-    def _builder_for(self, n: int) -> _ShardBuilder:
+    def _builder_for(self, n: int, entries: int) -> _ShardBuilder:
         current = self._current
-        if current is not None and current.records + n > self._shard_tokens:
+        if current is not None and (
+            current.records + n > self._shard_tokens
+            or len(current.meta_offsets) + entries > NO_METADATA
+        ):
             self._shards.append(current.commit(self._folder))
             current = None
         if current is None:

@@ -1,0 +1,198 @@
+"""``verify`` and ``describe``: check a dataset folder in one pass; summarize it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from zerobatch.errors import FormatError
+from zerobatch.stream.manifest import (
+    DOCS,
+    META_DATA,
+    META_ID,
+    META_INDEX,
+    NO_METADATA,
+    OFFSET_DTYPE,
+    TOKENS,
+    Manifest,
+    Shard,
+    check_sizes,
+    read_manifest,
+)
+from zerobatch.stream.serializers import BUILTIN, get_serializer
+
+__all__ = ["Problem", "describe", "format_problems", "verify"]
+
+_CHUNK = 1 << 22  # records or bytes per step, to bound memory
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with one file of a dataset."""
+
+    path: Path
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.field}: {self.message}"
+
+
+def _digest(path: Path) -> str:
+    hasher = xxhash.xxh3_64()
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as file:
+        while got := file.readinto(buffer):
+            hasher.update(view[:got])
+    return hasher.hexdigest()
+
+
+def _offsets(path: Path, first: int, last: int, strict: bool) -> str | None:
+    """What is wrong with an offsets file, or None."""
+    table = np.fromfile(path, dtype=OFFSET_DTYPE)
+    if table.shape[0] == 0 or int(table[0]) != first or int(table[-1]) != last:
+        return f"expected offsets from {first} to {last}"
+    steps = np.diff(table.astype(np.int64)) if table.shape[0] > 1 else np.zeros(0, np.int64)
+    if (steps <= 0).any() if strict else (steps < 0).any():
+        return f"offsets go backwards at position {int(np.argmax(steps <= (0 if strict else -1)))}"
+    return None
+
+
+def _meta_ids(records: np.ndarray, docs: np.ndarray, entries: int) -> str | None:
+    """What is wrong with a shard's ``meta_id`` column, or None.
+
+    Each entry 0..entries-1 must cover one contiguous run of tokens inside one
+    document, in order.
+    """
+    ids = records[META_ID]
+    expected = 0
+    last_pos = -2
+    for begin in range(0, ids.shape[0], _CHUNK):
+        chunk = np.asarray(ids[begin : begin + _CHUNK])
+        pos = np.flatnonzero(chunk != NO_METADATA)
+        if pos.size == 0:
+            continue
+        values = chunk[pos].astype(np.int64)
+        pos = pos + begin
+        prev_values = np.concatenate([[expected - 1], values[:-1]])
+        prev_pos = np.concatenate([[last_pos], pos[:-1]])
+        same = values == prev_values
+        if (same & (pos != prev_pos + 1)).any() or ((~same) & (values != prev_values + 1)).any():
+            return "entry ids must cover one contiguous run each, in increasing order"
+        expected, last_pos = int(values[-1]) + 1, int(pos[-1])
+    if expected != entries:
+        return f"tokens use entries 0..{expected - 1}, the index has {entries}"
+    starts = docs[1:-1].astype(np.int64)
+    if starts.size:
+        at, before = ids[starts], ids[starts - 1]
+        if ((at == before) & (at != NO_METADATA)).any():
+            return "a metadata entry crosses a document boundary"
+    return None
+
+
+def _check_entries(folder: Path, shard: Shard, serializer: Any) -> str | None:
+    index = np.fromfile(folder / shard.file(META_INDEX), dtype=OFFSET_DTYPE)
+    data = np.fromfile(folder / shard.file(META_DATA), dtype=np.uint8)
+    view = data.data
+    for k in range(index.shape[0] - 1):
+        try:
+            serializer.loads(view[int(index[k]) : int(index[k + 1])])
+        except Exception as error:
+            return f"entry {k} does not decode ({type(error).__name__}: {error})"
+    return None
+
+
+def _check_shard(folder: Path, manifest: Manifest, i: int, serializer: Any) -> list[Problem]:
+    shard = manifest.shards[i]
+    problems: list[Problem] = []
+
+    def note(suffix: str, field: str, message: str | None) -> None:
+        if message is not None:
+            problems.append(Problem(folder / shard.file(suffix), field, message))
+
+    for suffix, (_, digest) in shard.files.items():
+        actual = _digest(folder / shard.file(suffix))
+        note(suffix, "xxh3_64", None if actual == digest else
+             f"checksum {actual} differs from the manifest's {digest}")
+    note(DOCS, "offsets", _offsets(folder / shard.file(DOCS), 0, shard.records, strict=True))
+    records = np.memmap(folder / shard.file(TOKENS), dtype=manifest.record_dtype, mode="r") \
+        if shard.records else np.zeros(0, manifest.record_dtype)
+    vocab = manifest.tokenizer.vocab_size if manifest.tokenizer else None
+    tokens = records if manifest.token_field is None else records[manifest.token_field]
+    if vocab is not None and tokens.size and int(tokens.max()) >= vocab:
+        note(TOKENS, "token", f"token {int(tokens.max())} is not below vocab_size {vocab}")
+    if shard.metadata_entries is not None:
+        size = shard.files[META_DATA][0]
+        note(META_INDEX, "offsets",
+             _offsets(folder / shard.file(META_INDEX), 0, size, strict=False))
+        if not problems:
+            docs = np.fromfile(folder / shard.file(DOCS), dtype=OFFSET_DTYPE)
+            note(TOKENS, META_ID, _meta_ids(records, docs, shard.metadata_entries))
+        if not problems and serializer is not None:
+            note(META_DATA, "entries", _check_entries(folder, shard, serializer))
+    return problems
+
+
+def verify(path: str | os.PathLike[str], *, metadata: Any = None) -> list[Problem]:
+    """Check a dataset folder: manifest, sizes, checksums, offsets, metadata ids
+    and (for built-in serializers other than pickle, or the ``metadata``
+    serializer passed) that every entry decodes. One pass over every byte.
+
+    Returns the problems found (an empty list: the dataset is sound).
+    """
+    folder = Path(path)
+    try:
+        manifest = read_manifest(folder)
+        check_sizes(folder, manifest, lambda name: os.stat(folder / name).st_size)
+    except FormatError as error:
+        return [Problem(Path(error.path or folder), error.field or "manifest", str(error))]
+    except OSError as error:
+        return [Problem(folder, "manifest", str(error))]
+    serializer = None
+    if manifest.metadata in BUILTIN and manifest.metadata != "pickle":
+        serializer = get_serializer(manifest.metadata)
+    elif metadata is not None:
+        serializer = get_serializer(metadata)
+    problems: list[Problem] = []
+    for i in range(len(manifest.shards)):
+        problems.extend(_check_shard(folder, manifest, i, serializer))
+    return problems
+
+
+def format_problems(path: str | os.PathLike[str], problems: list[Problem]) -> str:
+    """A report for people: ``OK`` or one line per problem."""
+    if not problems:
+        return f"{path}: OK"
+    lines = [f"{path}: {len(problems)} problem(s)"]
+    lines.extend(f"  {problem}" for problem in problems)
+    return "\n".join(lines)
+
+
+def describe(path: str | os.PathLike[str]) -> str:
+    """A table describing a dataset folder, from its manifest alone."""
+    folder = Path(path)
+    manifest = read_manifest(folder)
+    shards = manifest.shards
+    tok = manifest.tokenizer
+    rows = [
+        ("format", "token-stream dataset, version 1"),
+        ("record dtype", str(manifest.record_dtype)),
+        ("token dtype", manifest.token_dtype.str),
+        ("fields", ", ".join(manifest.fields) or "-"),
+        ("metadata", manifest.metadata or "-"),
+        ("tokenizer", "-" if tok is None else
+         f"{tok.name} (vocab {tok.vocab_size}, eos {tok.eos_id}, bos {tok.bos_id})"),
+        ("shards", str(len(shards))),
+        ("tokens", f"{sum(s.records for s in shards):,}"),
+        ("documents", f"{sum(s.documents for s in shards):,}"),
+        ("metadata entries", f"{sum(s.metadata_entries or 0 for s in shards):,}"),
+        ("bytes", f"{sum(b for s in shards for b, _ in s.files.values()):,}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
