@@ -83,21 +83,15 @@ def _read_bintensors(raw: bytes, *, path: object) -> tuple[Any, ...]:
                                                                 path=path)
             for (k, kl), (v, vl) in meta.tolist()
         }
+    firsts = spans[:, 0].tolist()
+    lasts = (spans[:, 0] + spans[:, 1]).tolist()
     if ascii_names:
         text = raw.decode("latin-1")
-        names = [text[start : start + length] for start, length in spans.tolist()]
+        names = [text[first:last] for first, last in zip(firsts, lasts, strict=True)]
     else:
-        names = [_utf8(raw, s, n, "tensor name", path=path) for s, n in spans.tolist()]
+        names = [_utf8(raw, first, last - first, "tensor name", path=path)
+                 for first, last in zip(firsts, lasts, strict=True)]
     return metadata, names, _ID_TO_CODE[ids], dims, starts, begins, ends
-
-
-def _read_safetensors(raw: bytes, *, path: object) -> tuple[Any, ...]:
-    metadata, names, codes, shapes, begins, ends = _safetensors_header.decode(raw, path=path)
-    starts = np.zeros(len(names) + 1, np.int64)
-    np.cumsum([len(shape) for shape in shapes], out=starts[1:])
-    dims = np.fromiter((d for shape in shapes for d in shape), np.uint64, int(starts[-1]))
-    return (metadata, names, np.array(codes, np.uint8), dims, starts,
-            np.array(begins, np.uint64), np.array(ends, np.uint64))
 
 
 def read_header(buffer: Any, *, path: object = None) -> Header:
@@ -112,7 +106,7 @@ def read_header(buffer: Any, *, path: object = None) -> Header:
     size = len(view)
     fmt, length = detect(bytes(view[: LENGTH_SIZE + 1]), size, path=path)
     raw = bytes(view[LENGTH_SIZE : LENGTH_SIZE + length])
-    reader = _read_bintensors if fmt == BINTENSORS else _read_safetensors
+    reader = _read_bintensors if fmt == BINTENSORS else _safetensors_header.decode
     metadata, names, codes, dims, starts, begins, ends = reader(raw, path=path)
     index = dict(zip(names, range(len(names)), strict=True))
     if len(index) != len(names):

@@ -3,9 +3,9 @@
 ``{"__metadata__": {str: str}, name: {"dtype": str, "shape": [int, ...],
 "data_offsets": [begin, end]}, ...}`` with no spaces (``","`` and ``":"``
 separators), non-ASCII characters written raw, then spaces up to a multiple
-of 8 bytes. The decoder accepts any JSON whitespace but rejects duplicate keys,
-unknown keys, non-string metadata values and numbers that are not integers in
-``[0, 2**64)``.
+of 8 bytes. The decoder accepts any JSON whitespace and key order but rejects
+duplicate keys, unknown keys, non-string metadata values, lone surrogates and
+numbers that are not integers in ``[0, 2**64)``.
 """
 
 from __future__ import annotations
@@ -13,102 +13,68 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import numpy as np
+
 from zerobatch.errors import FormatError
-from zerobatch.tensors._dtypes import DTYPES, SAFETENSORS_CODE
+from zerobatch.tensors import _json_scan
+from zerobatch.tensors._dtypes import DTYPES
 
 __all__ = ["METADATA_KEY", "decode", "encode"]
 
 METADATA_KEY = "__metadata__"
-_FIELDS = ("dtype", "shape", "data_offsets")
-_U64_LIMIT = 2**64
+_LENGTH_SIZE = 8
+
+_TABLE = np.zeros((len(DTYPES), 16), np.uint8)
+_LENGTHS = np.array([len(d.name) for d in DTYPES], np.int64)
+for _code, _dtype in enumerate(DTYPES):
+    _TABLE[_code, : len(_dtype.name)] = np.frombuffer(_dtype.name.encode(), np.uint8)
 
 
-class _DuplicateKeyError(Exception):
-    pass
-
-
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _DuplicateKeyError(key)
-            seen.add(key)
+def _strings(raw: bytes, text: str | None, spans: list[list[int]], *, path: object) -> list[str]:
+    """The strings at ``spans`` (start, end, escaped); ``text`` is the header
+    decoded when it is pure ASCII, so byte offsets are character offsets."""
+    result = []
+    for start, end, escaped in spans:
+        value = text[start:end] if text is not None else raw[start:end].decode("utf-8")
+        if escaped:
+            value = json.loads(f'"{value}"')
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise FormatError(f"string at header byte {start + _LENGTH_SIZE} escapes a lone "
+                                  "surrogate", path=path, field="header") from None
+        result.append(value)
     return result
 
 
-def _reject_number(text: str) -> Any:
-    raise ValueError(f"number {text} is not an integer")
-
-
-def _parse(raw: bytes, *, path: object) -> Any:
+def decode(raw: bytes, *, path: object) -> tuple[Any, ...]:
+    """(metadata, names, codes, dims, dim_starts, begins, ends) from header
+    bytes (padding included), rows in stored order."""
     try:
-        text = raw.decode("utf-8")
+        text: str | None = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise FormatError(f"header is not valid UTF-8 ({error.reason} at byte {error.start + 8})",
-                          path=path, field="header") from None
-    if not text.startswith("{"):
-        raise FormatError("header must start with '{'", path=path, field="header")
-    try:
-        return json.loads(text, object_pairs_hook=_unique, parse_float=_reject_number,
-                          parse_constant=_reject_number)
-    except _DuplicateKeyError as error:
-        raise FormatError(f"duplicate key {error.args[0]!r} in the header JSON", path=path,
-                          field=str(error.args[0])) from None
-    except (ValueError, RecursionError) as error:
-        raise FormatError(f"header is not valid JSON: {error}", path=path,
-                          field="header") from None
-
-
-def _uint(value: Any) -> bool:
-    return type(value) is int and 0 <= value < _U64_LIMIT
-
-
-def _metadata(value: Any, *, path: object) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(type(v) is str for v in value.values()):
-        raise FormatError("metadata must be an object of string values", path=path,
+        raise FormatError(f"header is not valid UTF-8 ({error.reason} at header byte "
+                          f"{error.start + _LENGTH_SIZE})", path=path, field="header") from None
+    (error_code, pos, row, has_meta, meta, spans, codes, dims, starts, begins,
+     ends) = _json_scan.scan(np.frombuffer(raw, np.uint8), _TABLE, _LENGTHS)
+    if error_code:
+        message, field = _json_scan.ERRORS[error_code]
+        where = f"tensor #{row}: " if row >= 0 else ""
+        raise FormatError(f"{where}{message} (header byte {pos + _LENGTH_SIZE})", path=path,
+                          field=field)
+    if not raw.isascii():
+        text = None
+    names = _strings(raw, text, spans.tolist(), path=path)
+    if METADATA_KEY in names:
+        raise FormatError(f"{METADATA_KEY!r} must not be written with escapes", path=path,
                           field=METADATA_KEY)
-    return value
-
-
-def decode(raw: bytes, *, path: object) -> tuple[dict[str, str] | None, list[str], list[int],
-                                                   list[list[int]], list[int], list[int]]:
-    """(metadata, names, codes, shapes, begins, ends) from header bytes, stored order."""
-    tree = _parse(raw, path=path)
-    if not isinstance(tree, dict):
-        raise FormatError("header must be a JSON object", path=path, field="header")
     metadata = None
-    names: list[str] = []
-    codes: list[int] = []
-    shapes: list[list[int]] = []
-    begins: list[int] = []
-    ends: list[int] = []
-    for name, entry in tree.items():
-        if name == METADATA_KEY:
-            metadata = _metadata(entry, path=path)
-            continue
-        if not isinstance(entry, dict) or entry.keys() != set(_FIELDS):
-            raise FormatError(f"tensor {name!r}: expected exactly the keys {list(_FIELDS)}",
-                              path=path, field=name)
-        code = SAFETENSORS_CODE.get(entry["dtype"]) if type(entry["dtype"]) is str else None
-        if code is None:
-            raise FormatError(f"tensor {name!r}: unknown dtype {entry['dtype']!r}", path=path,
-                              field="dtype")
-        shape = entry["shape"]
-        if not isinstance(shape, list) or not all(_uint(d) for d in shape):
-            raise FormatError(f"tensor {name!r}: shape must be a list of integers in [0, 2**64)",
-                              path=path, field="shape")
-        offsets = entry["data_offsets"]
-        if not isinstance(offsets, list) or len(offsets) != 2 or not all(map(_uint, offsets)):
-            raise FormatError(f"tensor {name!r}: data_offsets must be two integers in [0, 2**64)",
-                              path=path, field="data_offsets")
-        names.append(name)
-        codes.append(code)
-        shapes.append(shape)
-        begins.append(offsets[0])
-        ends.append(offsets[1])
-    return metadata, names, codes, shapes, begins, ends
+    if has_meta:
+        pairs = _strings(raw, text, meta.tolist(), path=path)
+        metadata = dict(zip(pairs[::2], pairs[1::2], strict=True))
+        if len(metadata) != len(pairs) // 2:
+            raise FormatError("duplicate metadata key", path=path, field=METADATA_KEY)
+    return metadata, names, codes, dims, starts, begins, ends
 
 
 def encode(
