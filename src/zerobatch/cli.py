@@ -19,7 +19,9 @@ def _inspect(path: Path) -> str:
 
     if path.is_dir() or batch_loader.is_batch_file(path):
         return batch_loader.describe(path)
-    raise FormatError("not a file zerobatch knows (LLMBATCH, dataset folder, tensor file)", path=path)
+    raise FormatError(
+        "not a file zerobatch knows (LLMBATCH, dataset folder, tensor file)", path=path
+    )
 
 
 def _build_parser() -> argparse.ArgumentParser:

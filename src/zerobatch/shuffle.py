@@ -81,7 +81,12 @@ def _decrypt(x: np.uint64, keys: np.ndarray, half: np.uint64, mask: np.uint64) -
 
 @njit(nogil=True, cache=True)
 def _permute_array(
-    indices: np.ndarray, out: np.ndarray, keys: np.ndarray, half: int, n: int, inverse: bool
+    indices: np.ndarray,
+    out: np.ndarray,
+    keys: np.ndarray,
+    half: int,
+    n: np.uint64,
+    inverse: bool,
 ) -> int:
     """Permute ``indices`` into ``out``; returns the position of the first index
     outside ``[0, n)``, or -1 when all are valid (``out`` is then complete)."""
@@ -107,7 +112,7 @@ def _permute_array(
 
 @njit(nogil=True, cache=True)
 def _permute_range(
-    start: int, step: int, out: np.ndarray, keys: np.ndarray, half: int, n: int
+    start: int, step: int, out: np.ndarray, keys: np.ndarray, half: int, n: np.uint64
 ) -> None:
     """``out[i] = permute(start + i * step)``; the caller checks the range."""
     h = np.uint64(half)
@@ -197,9 +202,9 @@ class Feistel:
     @overload
     def __call__(self, index: int) -> int: ...
     @overload
-    def __call__(self, index: IntArray, *, out: npt.NDArray[np.int64] | None = None) -> (
-        npt.NDArray[np.int64]
-    ): ...
+    def __call__(
+        self, index: IntArray, *, out: npt.NDArray[np.int64] | None = None
+    ) -> npt.NDArray[np.int64]: ...
     def __call__(
         self, index: int | IntArray, *, out: npt.NDArray[np.int64] | None = None
     ) -> int | npt.NDArray[np.int64]:
@@ -209,9 +214,9 @@ class Feistel:
     @overload
     def inverse(self, index: int) -> int: ...
     @overload
-    def inverse(self, index: IntArray, *, out: npt.NDArray[np.int64] | None = None) -> (
-        npt.NDArray[np.int64]
-    ): ...
+    def inverse(
+        self, index: IntArray, *, out: npt.NDArray[np.int64] | None = None
+    ) -> npt.NDArray[np.int64]: ...
     def inverse(
         self, index: int | IntArray, *, out: npt.NDArray[np.int64] | None = None
     ) -> int | npt.NDArray[np.int64]:
@@ -277,9 +282,7 @@ class BlockShuffle:
 
     __slots__ = ("_block", "_blocks", "_n", "_perm", "_tail", "_tail_slot")
 
-    def __init__(
-        self, n: int, block_size: int, seed: int, *, rounds: int = DEFAULT_ROUNDS
-    ) -> None:
+    def __init__(self, n: int, block_size: int, seed: int, *, rounds: int = DEFAULT_ROUNDS) -> None:
         self._n = _check_length(n)
         self._block = _check_length(block_size, "block_size")
         self._blocks = -(-self._n // self._block)

@@ -1,0 +1,528 @@
+"""Read LLMBATCH files: O(1) zero-copy batches and a block-shuffled loader.
+
+:class:`BatchFileReader` maps a ``.batch`` file (or a folder of shards with a
+``manifest.json``) and hands out batch ``i`` as a view of the mapping.
+:class:`BatchNativeLoader` iterates the batches of an epoch in block-shuffled
+order (seed 000), split across ranks, with exact resume.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from zerobatch.batch_format import (
+    HEADER_SIZE,
+    MAGIC,
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    BatchHeader,
+    dtype_code,
+)
+from zerobatch.errors import FormatError
+from zerobatch.shuffle import BlockShuffle
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["BatchFileReader", "BatchNativeLoader", "describe", "is_batch_file"]
+
+_STATE_VERSION = 1
+_MAX_MANIFEST_BYTES = 64 * 2**20
+
+
+def _exported(mapping: mmap.mmap) -> np.ndarray:
+    """The mapping's bytes through a buffer export, so ``mapping.close()`` refuses
+    (BufferError) while any view derived from it is alive, instead of unmapping
+    memory under it."""
+    return np.frombuffer(mapping, dtype=np.uint8)
+
+
+class _Shard:
+    """One mapped ``.batch`` file: its header, descriptor and a view of all batches."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(self.fd).st_size
+            self.header = BatchHeader.unpack(os.pread(self.fd, HEADER_SIZE, 0), path=path)
+            self.header.check_file_size(size, path=path)
+            self.map = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        h = self.header
+        itemsize = h.token_dtype.itemsize
+        self.batches: np.ndarray = np.ndarray(
+            (h.num_batches, h.batch_size, h.seq_len),
+            dtype=h.token_dtype,
+            buffer=_exported(self.map),
+            offset=HEADER_SIZE,
+            strides=(h.padded_batch_bytes, h.seq_len * itemsize, itemsize),
+        )
+        self.private: mmap.mmap | None = None
+        self.private_batches = self.batches
+
+    def private_batch(self, index: int) -> np.ndarray:
+        """Batch ``index`` as a writable int32 view of a private copy-on-write mapping.
+
+        Reading copies nothing; a write copies the page it touches into this
+        process only, never into the file. Writes stay visible to later reads of
+        the same batch until :meth:`discard_private_writes`.
+        """
+        if self.private is None:
+            h = self.header
+            self.private = mmap.mmap(self.fd, h.file_size, access=mmap.ACCESS_COPY)
+            self.private_batches = np.ndarray(
+                (h.num_batches, h.batch_size, h.seq_len),
+                dtype=np.dtype("<i4"),
+                buffer=_exported(self.private),
+                offset=HEADER_SIZE,
+                strides=self.batches.strides,
+            )
+        return self.private_batches[index]
+
+    def discard_private_writes(self) -> None:
+        """Drop pages written through :meth:`private_batch`; they read as the file again."""
+        if self.private is not None:
+            self.private.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        self.batches = self.private_batches = np.empty((0, 0, 0), dtype=self.header.token_dtype)
+        for mapping in (self.map, self.private):
+            try:
+                if mapping is not None:
+                    mapping.close()
+            except BufferError:
+                pass  # views handed to the caller keep the mapping alive until they are freed
+        os.close(self.fd)
+
+
+def is_batch_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file starting with the LLMBATCH magic (or a batch shard folder)."""
+    path = Path(path)
+    if path.is_dir():
+        return _read_manifest_format(path / MANIFEST_NAME) == MANIFEST_FORMAT
+    try:
+        with open(path, "rb") as file:
+            return file.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def _read_manifest_format(path: Path) -> str | None:
+    try:
+        data = json.loads(path.read_bytes()[:_MAX_MANIFEST_BYTES])
+    except (OSError, ValueError):
+        return None
+    return data.get("format") if isinstance(data, dict) else None
+
+
+def _load_manifest(folder: Path) -> tuple[dict[str, Any], list[Path]]:
+    """Parse and check a shard manifest; returns it and the shard paths in order."""
+    path = folder / MANIFEST_NAME
+    raw = path.read_bytes()
+    if len(raw) > _MAX_MANIFEST_BYTES:
+        raise FormatError(f"manifest is {len(raw)} bytes, over the 64 MiB limit", path=path)
+    try:
+        manifest = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise FormatError(f"manifest is not valid JSON: {error}", path=path) from error
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise FormatError(f"expected format {MANIFEST_FORMAT!r}", path=path, field="format")
+    if manifest.get("version") != 1:
+        raise FormatError(
+            f"expected version 1, found {manifest.get('version')!r}", path=path, field="version"
+        )
+    for key in ("batch_size", "seq_len", "seed", "total_records", "num_batches"):
+        value = manifest.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise FormatError(f"expected a non-negative int, found {value!r}", path=path, field=key)
+    try:
+        manifest["dtype_code"] = dtype_code(str(manifest.get("dtype")))
+    except ValueError as error:
+        raise FormatError(str(error), path=path, field="dtype") from error
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not shards:
+        raise FormatError("expected a non-empty list of shards", path=path, field="shards")
+    paths = []
+    for position, entry in enumerate(shards):
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".batch"):
+            raise FormatError(
+                f"shard {position} has name {name!r}; expected a plain '*.batch' file name",
+                path=path,
+                field="shards",
+            )
+        paths.append(folder / name)
+    return manifest, paths
+
+
+class BatchFileReader:
+    """Random access to the batches of a ``.batch`` file or a folder of shards.
+
+    Opening reads the header (or manifest and every shard header) and checks it
+    against the real file sizes before mapping anything. Batches are views into
+    the mapping: no copy, no allocation. Thread-safe for concurrent reads;
+    ``close()`` is idempotent, and reads after it raise ``ValueError``.
+
+    Attributes (from the header): ``num_batches``, ``batch_size``, ``seq_len``
+    (tokens), ``dtype`` (stored token dtype), ``seed``, ``total_records``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._shards: list[_Shard] = []
+        try:
+            self._open()
+        except BaseException:
+            self.close()
+            raise
+        first = self._shards[0].header
+        self.batch_size = first.batch_size
+        self.seq_len = first.seq_len
+        self.dtype: np.dtype = first.token_dtype
+        self.padded_batch_bytes = first.padded_batch_bytes
+        self._per_shard = first.num_batches
+        self._single = self._shards[0].batches if len(self._shards) == 1 else None
+        self._closed = False
+
+    def _open(self) -> None:
+        if not self.path.is_dir():
+            shard = _Shard(self.path)
+            self._shards.append(shard)
+            self.num_batches = shard.header.num_batches
+            self.seed = shard.header.seed
+            self.total_records = shard.header.total_records
+            return
+        manifest, paths = _load_manifest(self.path)
+        manifest_path = self.path / MANIFEST_NAME
+        for position, shard_path in enumerate(paths):
+            shard = _Shard(shard_path)
+            self._shards.append(shard)
+            h = shard.header
+            expected = manifest["shards"][position].get("num_batches")
+            for field, found, wanted in (
+                ("batch_size", h.batch_size, manifest["batch_size"]),
+                ("seq_len", h.seq_len, manifest["seq_len"]),
+                ("dtype", h.dtype, manifest["dtype_code"]),
+                ("seed", h.seed, manifest["seed"]),
+                ("num_batches", h.num_batches, expected),
+            ):
+                if found != wanted:
+                    raise FormatError(
+                        f"shard header has {field}={found}, manifest says {wanted}",
+                        path=shard_path,
+                        field=field,
+                    )
+        per_shard = self._shards[0].header.num_batches
+        for shard in self._shards[:-1]:
+            if shard.header.num_batches != per_shard:
+                raise FormatError(
+                    f"every shard but the last must hold {per_shard} batches, "
+                    f"found {shard.header.num_batches}",
+                    path=shard.path,
+                    field="num_batches",
+                )
+        if self._shards[-1].header.num_batches > per_shard:
+            raise FormatError(
+                f"the last shard holds more than {per_shard} batches",
+                path=self._shards[-1].path,
+                field="num_batches",
+            )
+        total = sum(shard.header.num_batches for shard in self._shards)
+        if total != manifest["num_batches"]:
+            raise FormatError(
+                f"shards hold {total} batches, manifest says {manifest['num_batches']}",
+                path=manifest_path,
+                field="num_batches",
+            )
+        self.num_batches = total
+        self.seed = manifest["seed"]
+        self.total_records = manifest["total_records"]
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __repr__(self) -> str:
+        return (
+            f"BatchFileReader({str(self.path)!r}, num_batches={self.num_batches}, "
+            f"batch_size={self.batch_size}, seq_len={self.seq_len}, dtype={self.dtype.name})"
+        )
+
+    def _locate(self, index: int) -> tuple[_Shard, int]:
+        if self._closed:
+            raise ValueError(f"{self.path}: reader is closed")
+        n = self.num_batches
+        if not -n <= index < n:
+            raise IndexError(f"batch index {index} is out of range for {n} batches in {self.path}")
+        index %= n
+        shard, local = divmod(index, self._per_shard)
+        return self._shards[shard], local
+
+    def read_batch(self, batch_index: int) -> np.ndarray:
+        """Batch ``batch_index`` as a read-only ``[batch_size, seq_len]`` view (no copy)."""
+        if self._single is not None and 0 <= batch_index < self.num_batches:
+            return self._single[batch_index]
+        shard, local = self._locate(batch_index)
+        return shard.batches[local]
+
+    def read_batch_torch(self, batch_index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Batch ``batch_index`` as a ``[batch_size, seq_len]`` torch tensor.
+
+        ``dtype`` is ``torch.int64`` (default: one copy, the widening) or
+        ``torch.int32``: for uint32 files a zero-copy tensor over a private
+        copy-on-write mapping (writable, no warning). In-place writes to it never
+        reach the file, but later reads of the same batch from this reader see
+        them until :meth:`discard_private_writes` (the loader calls it at every
+        epoch start). Token ids must be < 2**31, as in every real vocabulary.
+        """
+        import torch
+
+        if dtype is None or dtype == torch.int64:
+            return torch.from_numpy(self.read_batch(batch_index).astype(np.int64))
+        if dtype != torch.int32:
+            raise ValueError(f"dtype must be torch.int64 or torch.int32, got {dtype}")
+        shard, local = self._locate(batch_index)
+        if shard.header.dtype == 0:
+            return torch.from_numpy(shard.private_batch(local))
+        return torch.from_numpy(shard.batches[local].astype(np.int32))  # uint16 must widen: a copy
+
+    def discard_private_writes(self) -> None:
+        """Forget in-place writes made to int32 tensors from :meth:`read_batch_torch`.
+
+        Tensors still alive then read the file's tokens again.
+        """
+        for shard in self._shards:
+            shard.discard_private_writes()
+
+    def advise(self, start: int, count: int) -> None:
+        """Ask the kernel to read batches ``[start, start + count)`` ahead (MADV_WILLNEED)."""
+        if self._closed or count <= 0:
+            return
+        end = min(start + count, self.num_batches)
+        while start < end:
+            shard, local = self._locate(start)
+            run = min(end - start, shard.header.num_batches - local)
+            shard.map.madvise(
+                mmap.MADV_WILLNEED, shard.header.batch_offset(local), run * self.padded_batch_bytes
+            )
+            start += run
+
+    def close(self) -> None:
+        """Unmap and close every shard. Views already handed out stay valid."""
+        for shard in self._shards:
+            shard.close()
+        self._shards = []
+        self._single = None
+        self._closed = True
+
+    def __enter__(self) -> BatchFileReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BatchNativeLoader:
+    """Iterate a batch file's batches in block-shuffled order (seed 000).
+
+    Blocks of ``block_size`` consecutive batches are visited in the order of a
+    permutation seeded with ``seed ^ epoch``; batches inside a block are read in
+    file order, so the kernel's readahead (and ``MADV_WILLNEED`` hints issued
+    ``readahead_bytes`` ahead) stream them from disk. With ``world_size`` ranks,
+    rank ``r`` takes positions ``r, r + world_size, ...`` of that order and every
+    rank yields the same number of batches; up to ``world_size - 1`` batches at
+    the tail of an epoch are dropped. What a rank yields depends only on
+    (seed, epoch, position, rank, world_size): ranks never talk.
+
+    Yields ``torch.int64`` tensors by default; ``dtype=torch.int32`` gives
+    zero-copy tensors; ``output="numpy"`` gives read-only views of the stored
+    tokens. ``state_dict()`` counts what the caller received; after
+    ``load_state_dict`` iteration continues exactly there, also with another
+    ``world_size``. Not thread-safe: iterate from one thread.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        block_size: int = 256,
+        shuffle: bool = True,
+        seed: int = 42,
+        epoch: int = 0,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        dtype: torch.dtype | None = None,
+        output: Literal["torch", "numpy"] = "torch",
+        readahead_bytes: int = 32 * 2**20,
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(
+                f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
+            )
+        if output not in ("torch", "numpy"):
+            raise ValueError(f"output must be 'torch' or 'numpy', got {output!r}")
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        self.reader = BatchFileReader(path)
+        self.block_size = block_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.dtype = dtype
+        self.output = output
+        self.readahead_batches = max(1, readahead_bytes // self.reader.padded_batch_bytes)
+        self._epoch = epoch
+        self._consumed = 0  # positions of the epoch's order that all ranks together have received
+        self._exhausted = False
+
+    @property
+    def epoch(self) -> int:
+        """The current epoch."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order. A new epoch starts from its beginning; setting
+        the current epoch again keeps a resumed position."""
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._consumed, self._exhausted = 0, False
+
+    def __len__(self) -> int:
+        """Batches this rank yields in a whole epoch."""
+        return self.reader.num_batches // self.world_size
+
+    def _order(self) -> BlockShuffle | None:
+        if not self.shuffle:
+            return None
+        return BlockShuffle(
+            self.reader.num_batches, self.block_size, (self.seed ^ self._epoch) & 0xFFFFFFFFFFFFFFFF
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        n, world = self.reader.num_batches, self.world_size
+        if self._exhausted:  # this loader finished the epoch: iterating again replays it
+            self._consumed, self._exhausted = 0, False
+        start = self._consumed
+        stop = start + (n - start) // world * world
+        order = self._order()
+        read = self._read_function()
+        self.reader.discard_private_writes()  # int32 tensors of a past pass may have been edited
+        advised = (0, 0)
+        chunk = 256 * world
+        for chunk_start in range(start, stop, chunk):
+            positions = np.arange(chunk_start + self.rank, min(stop, chunk_start + chunk), world)
+            batches = order(positions) if order is not None else positions
+            for batch_index in batches.tolist():
+                if not advised[0] <= batch_index < advised[1] - self.readahead_batches // 2:
+                    advised = self._advise(batch_index)
+                item = read(batch_index)
+                self._consumed += world
+                yield item
+        self._exhausted = True
+
+    def _advise(self, batch_index: int) -> tuple[int, int]:
+        block_end = (
+            (batch_index // self.block_size + 1) * self.block_size
+            if self.shuffle
+            else self.reader.num_batches
+        )
+        end = min(block_end, batch_index + self.readahead_batches, self.reader.num_batches)
+        self.reader.advise(batch_index, end - batch_index)
+        return batch_index, end
+
+    def _read_function(self) -> Any:
+        if self.output == "numpy":
+            return self.reader.read_batch
+        import torch
+
+        dtype = torch.int64 if self.dtype is None else self.dtype
+        reader = self.reader
+        if dtype == torch.int64:
+            return lambda i: torch.from_numpy(reader.read_batch(i).astype(np.int64))
+        return lambda i: reader.read_batch_torch(i, dtype)
+
+    def state_dict(self) -> dict[str, int | bool]:
+        """JSON-able position: what the caller has received so far this epoch."""
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self._epoch,
+            "consumed": self._consumed,
+            "seed": self.seed,
+            "block_size": self.block_size,
+            "shuffle": self.shuffle,
+            "num_batches": self.reader.num_batches,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()`` output, with this loader's rank and world_size."""
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"unknown loader state version {state.get('version')!r}")
+        for key in ("seed", "block_size", "shuffle", "num_batches"):
+            mine = self.state_dict()[key]
+            if state.get(key) != mine:
+                raise ValueError(
+                    f"state was saved with {key}={state.get(key)!r}, this loader has {mine!r}; "
+                    "resuming would not continue the same order"
+                )
+        consumed = state.get("consumed")
+        if not isinstance(consumed, int) or not 0 <= consumed <= self.reader.num_batches:
+            raise ValueError(f"state has consumed={consumed!r}, outside [0, num_batches]")
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"state has epoch={epoch!r}; expected an int >= 0")
+        self._epoch = epoch
+        self._consumed, self._exhausted = consumed, False
+
+    def close(self) -> None:
+        """Close the underlying reader (idempotent)."""
+        self.reader.close()
+
+    def __enter__(self) -> BatchNativeLoader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def describe(path: str | os.PathLike[str]) -> str:
+    """A table of a ``.batch`` file's (or shard folder's) header and derived sizes."""
+    with BatchFileReader(path) as reader:
+        first = reader._shards[0].header
+        tokens = reader.num_batches * reader.batch_size * reader.seq_len
+        size = sum(shard.header.file_size for shard in reader._shards)
+        rows = [
+            ("path", str(reader.path)),
+            ("format", f"LLMBATCH version {first.version}"),
+            ("shards", str(len(reader._shards))),
+            ("batch_size", f"{reader.batch_size} records"),
+            ("seq_len", f"{reader.seq_len} tokens"),
+            ("num_batches", f"{reader.num_batches:,}"),
+            ("dtype", f"{first.dtype} ({reader.dtype.name})"),
+            ("seed", str(reader.seed)),
+            ("total_records", f"{reader.total_records:,}"),
+            (
+                "dropped_records",
+                f"{reader.total_records - reader.num_batches * reader.batch_size:,}",
+            ),
+            ("raw_batch_bytes", f"{first.raw_batch_bytes:,}"),
+            ("padded_batch_bytes", f"{first.padded_batch_bytes:,}"),
+            ("tokens", f"{tokens:,}"),
+            ("file_bytes", f"{size:,}"),
+            ("bytes_per_token", f"{size / tokens:.3f}"),
+        ]
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
