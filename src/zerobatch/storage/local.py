@@ -101,9 +101,11 @@ class LocalStorage:
             raise OSError(f"pread failed for request {short} (handle {int(handles[short])})")
         return int(short)
 
-    def readinto(self, handle: int, offset: int, buffer: memoryview | np.ndarray) -> int:
+    def readinto(
+        self, handle: int, offset: int, buffer: bytearray | memoryview | np.ndarray
+    ) -> int:
         """``os.preadv`` of up to ``len(buffer)`` bytes at ``offset``."""
-        view = (buffer.data if isinstance(buffer, np.ndarray) else buffer).cast("B")
+        view = (buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)).cast("B")
         done = 0
         while done < len(view):
             got = os.preadv(handle, [view[done:]], offset + done)

@@ -40,7 +40,9 @@ class Storage(Protocol):
         (the file ends early); other errors raise ``OSError``."""
         ...
 
-    def readinto(self, handle: int, offset: int, buffer: memoryview | np.ndarray) -> int:
+    def readinto(
+        self, handle: int, offset: int, buffer: bytearray | memoryview | np.ndarray
+    ) -> int:
         """Read up to ``len(buffer)`` bytes at ``offset``; returns bytes read."""
         ...
 

@@ -131,10 +131,11 @@ def _check_shard(folder: Path, manifest: Manifest, i: int, serializer: Any) -> l
         size = shard.files[META_DATA][0]
         note(META_INDEX, "offsets",
              _offsets(folder / shard.file(META_INDEX), 0, size, strict=False))
-        if not problems:
+        sound = not any(p.field == "offsets" for p in problems)
+        if sound:
             docs = np.fromfile(folder / shard.file(DOCS), dtype=OFFSET_DTYPE)
             note(TOKENS, META_ID, _meta_ids(records, docs, shard.metadata_entries))
-        if not problems and serializer is not None:
+        if sound and serializer is not None:
             note(META_DATA, "entries", _check_entries(folder, shard, serializer))
     return problems
 

@@ -1,0 +1,53 @@
+"""LocalStorage: batched pread into caller buffers, short reads, maps, close."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from zerobatch.storage import LocalStorage
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> LocalStorage:
+    (tmp_path / "a").write_bytes(bytes(range(256)))
+    (tmp_path / "b").write_bytes(b"xyz")
+    (tmp_path / "empty").write_bytes(b"")
+    return LocalStorage(tmp_path)
+
+
+def test_read_into(storage: LocalStorage) -> None:
+    a, b = storage.open("a"), storage.open("b")
+    assert storage.open("a") == a
+    buffer = np.zeros(10, dtype=np.uint8)
+    short = storage.read_into(np.array([a, b, a]), np.array([250, 1, 0]), np.array([6, 2, 2]),
+                              buffer, np.array([0, 6, 8]))
+    assert short == -1
+    assert buffer.tobytes() == bytes(range(250, 256)) + b"yz" + bytes([0, 1])
+
+
+def test_short_read_reported(storage: LocalStorage) -> None:
+    b = storage.open("b")
+    buffer = np.zeros(8, dtype=np.uint8)
+    assert storage.read_into(np.array([b, b]), np.array([0, 2]), np.array([1, 4]), buffer,
+                             np.array([0, 1])) == 1
+    with pytest.raises(ValueError, match="past the end"):
+        storage.read_into(np.array([b]), np.array([0]), np.array([9]), buffer, np.array([0]))
+
+
+def test_readinto_map_size_close(storage: LocalStorage) -> None:
+    handle = storage.open("a")
+    buffer = bytearray(8)
+    assert storage.readinto(handle, 252, buffer) == 4
+    assert bytes(buffer[:4]) == bytes(range(252, 256))
+    assert storage.map("a")[10] == 10
+    assert storage.map("empty").size == 0
+    assert storage.size("b") == 3
+    with pytest.raises(FileNotFoundError):
+        storage.size("missing")
+    storage.close()
+    storage.close()
+    with pytest.raises(OSError):
+        storage.readinto(handle, 0, buffer)

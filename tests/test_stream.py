@@ -1,0 +1,217 @@
+"""Token-stream datasets: reads agree with a plain NumPy model of the corpus."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_stream_helpers import Corpus, random_corpus, write
+
+from zerobatch import stream
+from zerobatch.shuffle import Feistel
+
+_settings = settings(max_examples=25, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _check_windows(ds: stream.Dataset, corpus: Corpus, seq_len: int, stride: int,
+                   indices: np.ndarray) -> None:
+    windows = ds.windows(seq_len, stride=stride)
+    batch = windows.read(indices)
+    assert batch.meta.global_indexes.tolist() == indices.tolist()
+    for row, i in enumerate(indices.tolist()):
+        want = corpus.window(i * stride, seq_len)
+        np.testing.assert_array_equal(batch["input_ids"][row], want["input_ids"])
+        np.testing.assert_array_equal(batch["labels"][row], want["labels"])
+        np.testing.assert_array_equal(batch["position_ids"][row], want["position_ids"])
+        np.testing.assert_array_equal(batch["cu_seqlens"][row], want["cu_seqlens"])
+        np.testing.assert_array_equal(batch["doc_ids"][row], want["doc_ids"])
+        mask = np.concatenate(corpus.masks)[i * stride : i * stride + seq_len]
+        np.testing.assert_array_equal(batch["loss_mask"][row], mask)
+        if ds.has_metadata:
+            assert batch["metadata"][row] == want["metadata"]
+
+
+@_settings
+@given(seed=st.integers(0, 2**32 - 1), docs=st.integers(1, 30), max_len=st.integers(1, 40),
+       shard_tokens=st.integers(1, 120), seq_len=st.integers(1, 50), stride=st.integers(1, 60),
+       spans=st.booleans())
+def test_windows_match_concatenation(tmp_path_factory: pytest.TempPathFactory, seed: int,
+                                     docs: int, max_len: int, shard_tokens: int, seq_len: int,
+                                     stride: int, spans: bool) -> None:
+    rng = np.random.default_rng(seed)
+    corpus = random_corpus(rng, docs=docs, max_len=max_len, spans=spans)
+    path = write(tmp_path_factory.mktemp("ds") / "ds", corpus,
+                 metadata="msgpack" if spans else None, shard_tokens=shard_tokens)
+    with stream.open_dataset(path) as ds:
+        count = len(corpus.tokens)
+        windows = ds.windows(seq_len, stride=stride)
+        assert len(windows) == max(0, (count - seq_len - 1) // stride + 1)
+        if len(windows):
+            order = Feistel(len(windows), seed)(np.arange(len(windows)))
+            _check_windows(ds, corpus, seq_len, stride, order)
+            _check_windows(ds, corpus, seq_len, stride, np.repeat(order[:1], 3))
+
+
+def test_windows_cross_documents_and_shards(tmp_path: Path) -> None:
+    corpus = Corpus([np.arange(1, 6), np.arange(10, 13), np.arange(20, 30)],
+                    spans=[[(1, 4, "a")], [(0, 3, "b")], [(0, 2, "c"), (5, 10, "d")]],
+                    masks=[np.ones(5, np.uint8), np.zeros(3, np.uint8), np.ones(10, np.uint8)])
+    path = write(tmp_path / "ds", corpus, shard_tokens=4)
+    ds = stream.open_dataset(path)
+    assert len(ds.manifest.shards) == 3
+    batch = ds.windows(8, stride=3).read([1])
+    assert batch["input_ids"][0].tolist() == [4, 5, 10, 11, 12, 20, 21, 22]
+    assert batch["labels"][0].tolist() == [5, 10, 11, 12, 20, 21, 22, 23]
+    assert batch["position_ids"][0].tolist() == [0, 1, 0, 1, 2, 0, 1, 2]
+    assert batch["cu_seqlens"][0].tolist() == [0, 2, 5, 8]
+    assert batch["doc_ids"][0].tolist() == [0, 1, 2]
+    assert batch["metadata"][0] == [(0, 1, "a"), (2, 5, "b"), (5, 7, "c")]
+    assert batch["loss_mask"][0].tolist() == [1, 1, 0, 0, 0, 1, 1, 1]
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "stored"])
+def test_token_dtypes(tmp_path: Path, dtype: str) -> None:
+    corpus = random_corpus(np.random.default_rng(1), docs=5, max_len=20)
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None, mask=False,
+                                   shard_tokens=16))
+    batch = ds.windows(8, dtype=dtype).read([0, 2])
+    inputs, labels = batch["input_ids"], batch["labels"]
+    assert inputs.dtype == {"int64": np.int64, "int32": np.int32, "stored": np.uint16}[dtype]
+    np.testing.assert_array_equal(inputs[1], corpus.tokens[16:24])
+    np.testing.assert_array_equal(labels[1], corpus.tokens[17:25])
+    assert np.shares_memory(inputs, labels) == (dtype == "stored")
+    assert batch.to_torch()["input_ids"].shape == (2, 8)
+
+
+def test_labels_false_and_short_dataset(tmp_path: Path) -> None:
+    corpus = Corpus([np.arange(10)])
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None, mask=False))
+    assert len(ds.windows(10)) == 0
+    windows = ds.windows(10, labels=False)
+    assert len(windows) == 1
+    batch = windows.read([0])
+    assert "labels" not in batch.fields
+    assert batch["input_ids"][0].tolist() == list(range(10))
+    with pytest.raises(IndexError, match="out of range"):
+        windows.read([1])
+
+
+@_settings
+@given(seed=st.integers(0, 2**32 - 1), shard_tokens=st.integers(1, 80),
+       max_len=st.sampled_from([None, 1, 7]))
+def test_documents(tmp_path_factory: pytest.TempPathFactory, seed: int, shard_tokens: int,
+                   max_len: int | None) -> None:
+    rng = np.random.default_rng(seed)
+    corpus = random_corpus(rng, docs=20, max_len=30, spans=True)
+    path = write(tmp_path_factory.mktemp("ds") / "ds", corpus, shard_tokens=shard_tokens)
+    documents = stream.open_dataset(path).documents(max_len=max_len)
+    assert len(documents) == 20
+    order = rng.permutation(20)
+    batch = documents.read(order)
+    limit = max_len or 10**9
+    for row, i in enumerate(order.tolist()):
+        np.testing.assert_array_equal(batch["input_ids"][row], corpus.docs[i][:limit])
+        np.testing.assert_array_equal(batch["loss_mask"][row], corpus.masks[i][:limit])
+        want = [(a, min(b, limit), v) for a, b, v in corpus.spans[i] if a < limit]
+        assert batch["metadata"][row] == want
+    assert batch["doc_ids"].tolist() == order.tolist()
+
+
+def test_document_metadata(tmp_path: Path) -> None:
+    with stream.StreamWriter(tmp_path / "ds", metadata="json") as writer:
+        assert writer.add_document([1, 2, 3], metadata={"url": "a"}) == 0
+        assert writer.add_document([4, 5]) == 1
+        assert writer.add_document([6], metadata=["b"]) == 2
+    ds = stream.open_dataset(tmp_path / "ds")
+    assert ds.documents().read([0, 1, 2])["metadata"] == [
+        [(0, 3, {"url": "a"})], [], [(0, 1, ["b"])]
+    ]
+    assert ds.windows(4).read([0])["metadata"] == [[(0, 3, {"url": "a"})]]
+
+
+class _Upper:
+    """A custom serializer: str values stored upper-case."""
+
+    def dumps(self, value: str) -> bytes:
+        return value.upper().encode()
+
+    def loads(self, data: bytes | memoryview) -> str:
+        return bytes(data).decode()
+
+
+@pytest.mark.parametrize(("serializer", "value", "back"), [
+    ("msgpack", {"c": [1, 2]}, {"c": [1, 2]}),
+    ("json", {"c": [1, 2]}, {"c": [1, 2]}),
+    ("bytes", b"\x00abc", b"\x00abc"),
+    ("pickle", {1, 2}, {1, 2}),
+    (_Upper(), "abc", "ABC"),
+])
+def test_serializers(tmp_path: Path, serializer: object, value: object, back: object) -> None:
+    with stream.StreamWriter(tmp_path / "ds", metadata=serializer) as writer:
+        writer.add_document([1, 2, 3], spans=[(1, 2, value)])
+    reader_option = serializer if not isinstance(serializer, str) or serializer == "pickle" \
+        else None
+    if reader_option is not None:
+        with pytest.raises(ValueError, match="metadata"):
+            stream.open_dataset(tmp_path / "ds")
+    ds = stream.open_dataset(tmp_path / "ds", metadata=reader_option)
+    assert ds.documents().read([0])["metadata"] == [[(1, 2, back)]]
+
+
+def test_numpy_serializer(tmp_path: Path) -> None:
+    value = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with stream.StreamWriter(tmp_path / "ds", metadata="numpy") as writer:
+        writer.add_document([1, 2], spans=[(0, 2, value)])
+    [[(start, end, got)]] = stream.open_dataset(tmp_path / "ds").windows(1).read([0])["metadata"]
+    assert (start, end) == (0, 1)
+    np.testing.assert_array_equal(got, value)
+
+
+def test_u4_tokens_and_tokenizer(tmp_path: Path) -> None:
+    tokenizer = {"name": "t", "vocab_size": 100_000, "eos_id": 0, "bos_id": None}
+    with pytest.raises(ValueError, match="does not fit"):
+        stream.StreamWriter(tmp_path / "a", tokenizer=tokenizer)
+    with stream.StreamWriter(tmp_path / "b", token_dtype="<u4", tokenizer=tokenizer) as writer:
+        writer.add_document([99_999, 0, 70_000])
+        with pytest.raises(ValueError, match="tokens must be in"):
+            writer.add_document([100_000])
+    ds = stream.open_dataset(tmp_path / "b")
+    assert ds.manifest.tokenizer == stream.Tokenizer("t", 100_000, 0, None)
+    assert ds.windows(2).read([0])["input_ids"].tolist() == [[99_999, 0]]
+
+
+def test_threads_read_concurrently(tmp_path: Path) -> None:
+    corpus = random_corpus(np.random.default_rng(3), docs=40, max_len=50, spans=True)
+    windows = stream.open_dataset(write(tmp_path / "ds", corpus, shard_tokens=64)).windows(16)
+    expected = [windows.read([i])["input_ids"][0] for i in range(len(windows))]
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            order = np.random.default_rng(seed).permutation(len(windows))
+            for chunk in np.array_split(order, 8):
+                batch = windows.read(chunk)
+                for row, i in enumerate(chunk.tolist()):
+                    np.testing.assert_array_equal(batch["input_ids"][row], expected[i])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+
+
+def test_empty_dataset(tmp_path: Path) -> None:
+    with stream.StreamWriter(tmp_path / "ds", metadata="msgpack"):
+        pass
+    ds = stream.open_dataset(tmp_path / "ds")
+    assert (ds.num_tokens, len(ds.windows(4)), len(ds.documents())) == (0, 0, 0)
+    assert stream.verify(tmp_path / "ds") == []

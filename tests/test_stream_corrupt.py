@@ -1,0 +1,136 @@
+"""Hostile token-stream datasets: each corruption raises FormatError naming the
+file and the field, and ``verify`` reports it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_stream_helpers import random_corpus, write
+
+from zerobatch import stream
+from zerobatch.errors import FormatError
+
+
+@pytest.fixture
+def dataset(tmp_path: Path) -> Path:
+    corpus = random_corpus(np.random.default_rng(7), docs=12, max_len=30, spans=True)
+    return write(tmp_path / "ds", corpus, shard_tokens=1000)
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _rewrite_manifest(path: Path, edit: object) -> None:
+    raw = _manifest(path)
+    edit(raw)  # type: ignore[operator]  # a callable passed by the tests
+    (path / "manifest.json").write_text(json.dumps(raw))
+
+
+def _poke(path: Path, dtype: str, position: int, value: int) -> None:
+    array = np.memmap(path, dtype=dtype, mode="r+")
+    array[position] = value
+    array.flush()
+
+
+def _read_all(path: Path) -> None:
+    ds = stream.open_dataset(path)
+    ds.windows(8).read(np.arange(len(ds.windows(8))))
+    ds.documents().read(np.arange(ds.num_documents))
+
+
+def _expect(path: Path, file: str, field: str) -> None:
+    with pytest.raises(FormatError) as info:
+        _read_all(path)
+    assert info.value.path is not None and info.value.path.endswith(file)
+    assert info.value.field == field
+    assert file in str(info.value) and field in str(info.value)
+    problems = stream.verify(path)
+    assert problems and any(str(p.path).endswith(file) for p in problems)
+
+
+def test_truncated_shard(dataset: Path) -> None:
+    tokens = dataset / "00000.tokens"
+    tokens.write_bytes(tokens.read_bytes()[:-3])
+    _expect(dataset, "00000.tokens", "files.tokens.bytes")
+
+
+def test_manifest_disagrees_with_sizes(dataset: Path) -> None:
+    def edit(raw: dict) -> None:
+        raw["shards"][0]["records"] += 1
+    _rewrite_manifest(dataset, edit)
+    _expect(dataset, "00000.tokens", "files.tokens.bytes")
+
+
+def test_truncated_file_read_after_open(dataset: Path) -> None:
+    ds = stream.open_dataset(dataset)
+    tokens = dataset / "00000.tokens"
+    tokens.write_bytes(tokens.read_bytes()[:100])
+    with pytest.raises(FormatError, match=r"00000\.tokens.*truncated"):
+        ds.windows(8).read([len(ds.windows(8)) - 1])
+
+
+@pytest.mark.parametrize(("position", "value"), [(3, 0), (3, 10**9), (-1, 5)])
+def test_document_offsets(dataset: Path, position: int, value: int) -> None:
+    _poke(dataset / "00000.docs", "<u8", position, value)
+    _expect(dataset, "00000.docs", "offsets")
+
+
+@pytest.mark.parametrize(("position", "value"), [(2, 0), (2, 10**9)])
+def test_metadata_index(dataset: Path, position: int, value: int) -> None:
+    _poke(dataset / "00000.meta.index", "<u8", position, value)
+    _expect(dataset, "00000.meta.index", "offsets")
+
+
+@pytest.mark.parametrize("value", [10**6, 0])
+def test_metadata_ids(dataset: Path, value: int) -> None:
+    dtype = stream.open_dataset(dataset).manifest.record_dtype
+    records = np.memmap(dataset / "00000.tokens", dtype=dtype, mode="r+")
+    used = np.flatnonzero(records["meta_id"] != 2**32 - 1)
+    records["meta_id"][used[-1]] = value
+    records.flush()
+    _expect(dataset, "00000.tokens", "meta_id")
+
+
+@pytest.mark.parametrize(("key", "value", "field"), [
+    ("record_dtype", "<f4", "record_dtype"),
+    ("record_dtype", "not a dtype", "record_dtype"),
+    ("record_dtype", [["token", "<u8"]], "record_dtype"),
+    ("format", "other", "format"),
+    ("version", 99, "version"),
+    ("shards", {}, "shards"),
+])
+def test_bad_manifest(dataset: Path, key: str, value: object, field: str) -> None:
+    def edit(raw: dict) -> None:
+        raw[key] = value
+    _rewrite_manifest(dataset, edit)
+    with pytest.raises(FormatError) as info:
+        stream.open_dataset(dataset)
+    assert info.value.field == field and "manifest.json" in str(info.value)
+    assert stream.verify(dataset)[0].field == field
+
+
+def test_manifest_not_json(dataset: Path) -> None:
+    (dataset / "manifest.json").write_bytes(b'{"format": "zerob')
+    with pytest.raises(FormatError, match="not fully written"):
+        stream.open_dataset(dataset)
+
+
+def test_checksum_mismatch_found_by_verify(dataset: Path) -> None:
+    _poke(dataset / "00000.tokens", "u1", 0, 255 - np.fromfile(dataset / "00000.tokens",
+                                                               dtype="u1")[0])
+    problems = stream.verify(dataset)
+    assert [p.field for p in problems] == ["xxh3_64"]
+    assert "1 problem" in stream.format_problems(dataset, problems)
+
+
+def test_undecodable_entry_found_by_verify(dataset: Path) -> None:
+    data = dataset / "00000.meta.data"
+    data.write_bytes(b"\xc1" * data.stat().st_size)
+    problems = stream.verify(dataset)
+    assert {p.field for p in problems} == {"xxh3_64", "entries"}
+    with pytest.raises(FormatError, match=r"meta\.data"):
+        stream.open_dataset(dataset).documents().read([0, 1, 2])
