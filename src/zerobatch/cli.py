@@ -19,6 +19,10 @@ def _inspect(path: Path) -> str:
 
     if path.is_dir() or batch_loader.is_batch_file(path):
         return batch_loader.describe(path)
+    from zerobatch import tensors
+
+    if tensors.is_tensor_file(path):
+        return tensors.describe(path)
     raise FormatError(
         "not a file zerobatch knows (LLMBATCH, dataset folder, tensor file)", path=path
     )
