@@ -195,9 +195,7 @@ def offsets_problem(offsets: npt.NDArray[np.int64], num_values: int) -> str | No
         return f"start at {int(offsets[0])}, expected >= 0"
     if offsets[-1] > num_values:
         return f"end at {int(offsets[-1])}, past the {num_values} values"
-    if len(offsets) > 1:
-        steps = np.diff(offsets)
-        if np.any(steps < 0):
-            at = int(np.argmax(steps < 0))
-            return f"decrease at sample {at}: {int(offsets[at])} -> {int(offsets[at + 1])}"
+    if len(offsets) > 1 and not (offsets[1:] >= offsets[:-1]).all():
+        at = int(np.argmax(offsets[1:] < offsets[:-1]))
+        return f"decrease at sample {at}: {int(offsets[at])} -> {int(offsets[at + 1])}"
     return None
