@@ -24,7 +24,9 @@ _OVERLAP = 5
 _SIZE = 6
 
 _BITS = np.array([d.bits for d in DTYPES], np.uint64)
-_U64_MAX = np.uint64(2**64 - 1)
+_BIT_LIMIT = np.uint64(2**63 - 1)
+"""Largest shape x dtype size in bits (zero dimensions left out), so that every
+accepted shape, empty ones included, is one NumPy and PyTorch can represent."""
 
 
 @numba.njit(cache=True, nogil=True)
@@ -33,12 +35,17 @@ def _walk(order: Any, bits: Any, codes: Any, dims: Any, starts: Any, begins: Any
     """(error, row, end of the last tensor) walking rows in ``order`` from offset 0."""
     expected = np.uint64(0)
     for row in order:
-        total = bits[codes[row]]
+        span = bits[codes[row]]
+        empty = False
         for k in range(starts[row], starts[row + 1]):
             dim = dims[k]
-            if dim != 0 and total > _U64_MAX // dim:
+            if dim == 0:
+                empty = True
+            elif span > _BIT_LIMIT // dim:
                 return _OVERFLOW, row, 0
-            total *= dim
+            else:
+                span *= dim
+        total = np.uint64(0) if empty else span
         if total % np.uint64(8) != 0:
             return _PARTIAL_BYTE, row, 0
         begin = begins[row]
@@ -59,7 +66,8 @@ def _message(code: int, header: Header, row: int) -> tuple[str, str]:
     info = header.info(row)
     where = f"tensor {info.name!r} ({info.dtype}, shape {list(info.shape)})"
     if code == _OVERFLOW:
-        return f"{where}: the byte size of this shape overflows 64 bits", "shape"
+        return (f"{where}: shape too large (integer overflow): its elements, zero dimensions "
+                "left out, would need 2**63 bits or more", "shape")
     if code == _PARTIAL_BYTE:
         return f"{where}: packed elements do not fill whole bytes", "shape"
     if code == _REVERSED:
@@ -67,10 +75,10 @@ def _message(code: int, header: Header, row: int) -> tuple[str, str]:
             "data_offsets"
         )
     if code in (_HOLE, _OVERLAP):
-        kind = "a hole before" if code == _HOLE else "overlaps the previous tensor at"
+        problem = "leave a hole before them" if code == _HOLE else "overlap the previous tensor"
         walk = "in stored order" if header.format == BINTENSORS else "sorted by offset"
         return (
-            f"{where}: data offsets [{info.begin}, {info.end}] leave {kind} its start; "
+            f"{where}: data offsets [{info.begin}, {info.end}] {problem}; "
             f"tensors must be contiguous from offset 0 ({walk})",
             "data_offsets",
         )
