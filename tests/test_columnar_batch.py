@@ -178,3 +178,7 @@ def test_batch_constructor_checks_columns() -> None:
         Batch(meta, {"y": np.zeros(2)})
     with pytest.raises(ValueError, match="3 samples"):
         Batch(meta, {"x": np.zeros(3)})
+    with pytest.raises(ValueError, match="does not match"):
+        Batch(meta, {"x": np.zeros(2, np.float32)})
+    with pytest.raises(ValueError, match="does not match"):
+        Batch(meta, {"x": [0.0, 0.0]})

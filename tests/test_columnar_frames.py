@@ -208,8 +208,9 @@ VALUES = np.arange(5, dtype=np.float32).tobytes()
     ("frames", "where", "message"),
     [
         ([], "frame 0", "no frames"),
-        (F[:-1], "frame 2", "3 frames, expected 4"),
-        ([*F, b""], "frame 4", "5 frames, expected 4"),
+        (F[:-1], "frame 3: field 'obj'", "missing: 3 frames, expected 4"),
+        (F[:1], "frame 1: field 'dense'", "missing: 1 frames"),
+        ([*F, b""], "frame 4", "unexpected: 5 frames, expected 4"),
         ([b"\xc1", *F[1:]], "frame 0", "not a valid msgpack"),
         ([F[0][:-5], *F[1:]], "frame 0", "not a valid msgpack"),
         ([F[0] + b"\x00", *F[1:]], "frame 0", "not a valid msgpack"),
@@ -229,6 +230,7 @@ VALUES = np.arange(5, dtype=np.float32).tobytes()
         (with_header(F, set_field(0, 1, "sparse")), "field 'dense'", "unknown kind"),
         (with_header(F, set_field(0, 3, [2, -1])), "field 'dense'", "bad shape"),
         (with_header(F, set_field(0, 3, [1] * 40)), "field 'dense'", "bad shape"),
+        (with_header(F, set_field(0, 3, [0, 2**40, 2**40])), "field 'dense'", "bad shape"),
         (with_header(F, set_field(0, 3, [3])), "field 'dense'", "bytes"),
         (with_header(F, set_field(0, 4, b"")), "field 'dense'", "carry no lengths"),
         (with_header(F, set_field(1, 0, "dense")), "field 'dense'", "listed twice"),
@@ -277,3 +279,34 @@ def test_objects_that_cannot_travel() -> None:
     batch = Batch.from_columns({"o": [object()]})
     with pytest.raises(TypeError, match="field 'o'"):
         batch.to_frames()
+    meta = BatchMeta([0], extra_info={"x": object()})
+    with pytest.raises(TypeError, match="extra_info"):
+        Batch.from_columns({"o": [1]}, meta).to_frames()
+
+
+def test_objects_keep_nested_values_and_int_keys() -> None:
+    values = [{1: "a", "k": [1, 2.5, None, True]}, {"bytes": b"\x00\xff", "nested": {"z": []}}]
+    batch = Batch.from_columns({"o": values})
+    assert round_trip(batch)["o"] == values
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_mutated_frames_decode_or_raise_format_error(data: st.DataObject) -> None:
+    frames = list(F)
+    index = data.draw(st.integers(0, len(frames) - 1))
+    frame = bytearray(frames[index])
+    action = data.draw(st.sampled_from(["flip", "truncate", "extend"]))
+    if action == "flip" and frame:
+        at = data.draw(st.integers(0, len(frame) - 1))
+        frame[at] = data.draw(st.integers(0, 255))
+    elif action == "truncate":
+        del frame[data.draw(st.integers(0, len(frame))) :]
+    else:
+        frame += data.draw(st.binary(min_size=1, max_size=16))
+    frames[index] = bytes(frame)
+    try:
+        batch = Batch.from_frames(frames)
+    except FormatError:
+        return
+    assert len(batch.fields) == 3

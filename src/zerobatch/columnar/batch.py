@@ -41,8 +41,7 @@ class Batch:
         if list(columns) != meta.field_names:
             raise ValueError(f"columns {list(columns)} do not match fields {meta.field_names}")
         for name, column in columns.items():
-            if len(column) != len(meta):
-                raise ValueError(f"field {name!r}: {len(column)} samples, expected {len(meta)}")
+            _check_column(name, column, meta.field_schema[name], len(meta))
         self.meta = meta
         self._columns = dict(columns)
 
@@ -134,7 +133,8 @@ class Batch:
                 result[name] = column
             elif isinstance(column, Jagged):
                 compact = column.compact()
-                values, offsets = tensor(compact.values), tensor(compact.offsets)
+                values = tensor(np.ascontiguousarray(compact.values))
+                offsets = tensor(compact.offsets)
                 if jagged == "offsets":
                     result[name] = (values, offsets)
                 else:
@@ -210,3 +210,17 @@ class Batch:
         """
         meta, columns = frames.decode(buffers)
         return cls(meta, columns)
+
+
+def _check_column(name: str, column: Column, field: FieldSchema, rows: int) -> None:
+    """ValueError unless ``column`` is what ``field`` describes, with ``rows`` samples."""
+    if field.kind == "dense":
+        ok = isinstance(column, np.ndarray) and column.shape[1:] == field.item_shape
+    elif field.kind == "jagged":
+        ok = isinstance(column, Jagged) and column.item_shape == field.item_shape
+    else:
+        ok = isinstance(column, list)
+    if not ok or (field.kind != "objects" and column.dtype != field.dtype):  # type: ignore[union-attr]
+        raise ValueError(f"field {name!r}: column {column!r:.80} does not match {field}")
+    if len(column) != rows:
+        raise ValueError(f"field {name!r}: {len(column)} samples, expected {rows}")

@@ -77,14 +77,17 @@ def encode(meta: BatchMeta, columns: Mapping[str, Column]) -> list[Any]:
                 raise TypeError(f"field {name!r}: objects must be msgpack-able: {exc}") from exc
             buffers.append(payload)
             layout.append([len(payload), 0])
-    header = pack(
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "meta": meta.to_wire(lengths=False),
-            "columns": layout,
-        }
-    )
+    try:
+        header = pack(
+            {
+                "format": FORMAT,
+                "version": VERSION,
+                "meta": meta.to_wire(lengths=False),
+                "columns": layout,
+            }
+        )
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise TypeError(f"extra_info and custom_meta must be msgpack-able: {exc}") from exc
     return [header, *buffers]
 
 
@@ -128,9 +131,12 @@ def decode(frames: Sequence[Any]) -> tuple[BatchMeta, dict[str, Column]]:
             field="columns",
         )
     if len(frames) != len(schema) + 1:
+        missing = len(frames) < len(schema) + 1
         raise FormatError(
-            f"{len(frames)} frames, expected {len(schema) + 1} (a header + {len(schema)} fields)",
-            path=f"frame {len(frames) - 1}",
+            f"{'missing' if missing else 'unexpected'}: {len(frames)} frames, expected "
+            f"{len(schema) + 1} (a header + {len(schema)} fields)",
+            path=f"frame {len(frames) if missing else len(schema) + 1}",
+            field=list(schema)[len(frames) - 1] if missing else None,
         )
     rows = len(meta)
     columns: dict[str, Column] = {}

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import pairwise
+from math import prod
 from types import MappingProxyType
 from typing import Any, overload
 
@@ -30,6 +31,7 @@ from zerobatch.errors import FormatError
 __all__ = ["BatchMeta", "SampleField", "SampleView", "chunk_bounds"]
 
 _MAX_NDIM = 32
+_MAX_SAMPLE_ITEMS = 1 << 48  # product of the non-zero dims a header may declare (NumPy overflows)
 _warned_samples = False
 
 
@@ -476,7 +478,8 @@ def _field_from_wire(entry: Any, rows: int, *, where: str) -> tuple[str, FieldSc
     if (
         not isinstance(shape, list)
         or len(shape) > _MAX_NDIM
-        or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**62 for d in shape)
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        or prod(d for d in shape if d) > _MAX_SAMPLE_ITEMS
     ):
         raise FormatError(f"bad shape {shape!r}", path=where, field=name)
     dtype: np.dtype | str

@@ -37,6 +37,9 @@ Column = np.ndarray | Jagged | list
 """What a :class:`Batch` stores per field."""
 
 
+_SEED_KEYS = ("dtype", "shape", "is_nested", "is_non_tensor", "per_sample_shapes")
+
+
 class PerSampleShapes(Sequence[tuple[int, ...]]):
     """Read-only list of per-sample shapes of a jagged field, computed on access.
 
@@ -120,9 +123,13 @@ class FieldSchema:
         return PerSampleShapes(self.lengths, self.item_shape)
 
     def __getitem__(self, key: str) -> Any:
-        if key not in ("dtype", "shape", "is_nested", "is_non_tensor", "per_sample_shapes"):
+        if key not in _SEED_KEYS:
             raise KeyError(key)
         return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``self[key]`` for the seed's keys, else ``default`` (dict-style reads)."""
+        return getattr(self, key) if key in _SEED_KEYS else default
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, FieldSchema):

@@ -74,7 +74,7 @@ class PartitionIds(Sequence[str]):
     @classmethod
     def of(cls, values: str | Sequence[str], rows: int) -> PartitionIds:
         """From one name for all ``rows``, or ``rows`` names. Cost: O(1) / O(B log B) in C."""
-        if isinstance(values, PartitionIds):
+        if isinstance(values, PartitionIds) and len(values) == rows:
             return values
         if isinstance(values, str):
             return cls(np.zeros(rows, dtype=np.int32), (values,))

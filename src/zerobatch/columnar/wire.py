@@ -30,7 +30,7 @@ def unpack(buffer: Any, *, where: str, field: str | None = None) -> Any:
 
     Checks the size against :data:`MAX_HEADER_BYTES` before parsing; strings,
     binaries, arrays and maps are capped by the buffer size, extension types
-    are refused, and map keys must be str or int.
+    are refused. Map keys may be any hashable msgpack value (str, int, ...).
     """
     view = memoryview(buffer)
     if view.nbytes > MAX_HEADER_BYTES:
@@ -45,7 +45,7 @@ def unpack(buffer: Any, *, where: str, field: str | None = None) -> Any:
             view,
             raw=False,
             use_list=True,
-            strict_map_key=True,
+            strict_map_key=False,
             max_str_len=limit,
             max_bin_len=limit,
             max_array_len=limit,
