@@ -15,7 +15,6 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import pairwise
-from math import prod
 from types import MappingProxyType
 from typing import Any, overload
 
@@ -426,7 +425,7 @@ class BatchMeta:
             where=where,
             field="partition_codes",
         )
-        if rows and (int(codes.min()) < 0 or int(codes.max()) >= len(names)):
+        if rows and int(codes.view(np.uint32).max()) >= len(names):  # negatives wrap high
             raise FormatError(
                 f"partition codes outside [0, {len(names)})", path=where, field="partition_codes"
             )
@@ -475,13 +474,15 @@ def _field_from_wire(entry: Any, rows: int, *, where: str) -> tuple[str, FieldSc
     name, kind, dtype_name, shape, raw_lengths = entry
     if kind not in KINDS:
         raise FormatError(f"unknown kind {kind!r}, expected one of {KINDS}", path=where, field=name)
-    if (
-        not isinstance(shape, list)
-        or len(shape) > _MAX_NDIM
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
-        or prod(d for d in shape if d) > _MAX_SAMPLE_ITEMS
-    ):
+    if type(shape) is not list or len(shape) > _MAX_NDIM:
         raise FormatError(f"bad shape {shape!r}", path=where, field=name)
+    items = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            raise FormatError(f"bad shape {shape!r}", path=where, field=name)
+        items *= d or 1
+    if items > _MAX_SAMPLE_ITEMS:
+        raise FormatError(f"bad shape {shape!r}: too many items", path=where, field=name)
     dtype: np.dtype | str
     if kind == "objects":
         if not isinstance(dtype_name, str) or shape:
