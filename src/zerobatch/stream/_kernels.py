@@ -150,13 +150,14 @@ def window_segments(
             cu[cu_offsets[b] + filled[b]] = start
             ids[doc_offsets[b] + filled[b]] = doc_starts[s] + j
             filled[b] += 1
+    ramp = np.arange(seq_len).astype(positions.dtype)
     for b in range(b_count):
         last = cu_offsets[b + 1] - 1
         cu[last] = seq_len
+        row = positions[b]
         for q in range(cu_offsets[b], last):
-            first = cu[q]
-            for t in range(first, cu[q + 1]):
-                positions[b, t] = t - first
+            first, end = np.int64(cu[q]), np.int64(cu[q + 1])
+            row[first:end] = ramp[: end - first]
     return cu_offsets, cu, doc_offsets, ids, OK, 0
 
 

@@ -247,10 +247,8 @@ class Dataset:
         except Exception as error:
             raise FormatError(f"cannot decode metadata entries ({error})",
                               path=self._path, field=META_DATA) from error
-        starts, ends = runs[:, 0].tolist(), runs[:, 1].tolist()
-        cuts = run_offsets.tolist()
-        return [list(zip(starts[a:b], ends[a:b], values[a:b], strict=True))
-                for a, b in itertools.pairwise(cuts)]
+        triples = list(zip(runs[:, 0].tolist(), runs[:, 1].tolist(), values, strict=True))
+        return [triples[a:b] for a, b in itertools.pairwise(run_offsets.tolist())]
 
 
 class TokenWindows:
