@@ -24,6 +24,8 @@ _TAG_U16 = 251
 _TAG_U32 = 252
 _TAG_U64 = 253
 _MAX_DTYPE_ID = 14
+_BYTES = numba.types.Array(numba.types.uint8, 1, "C", readonly=True)
+_I64 = numba.types.int64
 
 OK = 0
 _TRUNCATED = 1
@@ -48,7 +50,7 @@ ERRORS = {
 """Error code -> (message, field)."""
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((_BYTES, _I64), cache=True, nogil=True)
 def _varint(h: Any, pos: Any) -> Any:
     """(value, next position, error code) for the varint at ``pos``."""
     n = h.size
@@ -72,7 +74,7 @@ def _varint(h: Any, pos: Any) -> Any:
     return value, pos + 1 + width, OK
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((_BYTES, _I64, _I64, _I64, _I64), cache=True, nogil=True)
 def _bytes_less(h: Any, a: int, a_len: int, b: int, b_len: int) -> bool:
     for k in range(min(a_len, b_len)):
         if h[a + k] != h[b + k]:
@@ -80,14 +82,14 @@ def _bytes_less(h: Any, a: int, a_len: int, b: int, b_len: int) -> bool:
     return a_len < b_len
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((_I64, _I64, _I64), cache=True, nogil=True)
 def _fail(code: int, pos: int, row: int) -> Any:
     return (code, pos, row, False, np.zeros((0, 2, 2), np.int64), np.zeros((0, 2), np.int64),
             True, np.zeros(0, np.uint8), np.zeros(0, np.uint64), np.zeros(1, np.int64),
             np.zeros(0, np.uint64), np.zeros(0, np.uint64))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((numba.types.uint64, _I64), cache=True, nogil=True)
 def _fits(count: Any, room: int) -> bool:
     """Whether a decoded count is at most ``room`` (a non-negative int)."""
     return count <= np.uint64(max(room, 0))

@@ -40,13 +40,16 @@ ERRORS = {
 }
 """Error code -> (message, field)."""
 
+_BYTES = numba.types.Array(numba.types.uint8, 1, "C", readonly=True)
+_I64 = numba.types.int64
+
 _KEY_DTYPE = np.frombuffer(b"dtype", np.uint8)
 _KEY_SHAPE = np.frombuffer(b"shape", np.uint8)
 _KEY_OFFSETS = np.frombuffer(b"data_offsets", np.uint8)
 _KEY_METADATA = np.frombuffer(b"__metadata__", np.uint8)
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((_BYTES, _I64), cache=True, nogil=True)
 def _skip_ws(h: Any, pos: Any) -> Any:
     n = h.size
     while pos < n and (h[pos] == 0x20 or h[pos] == 0x0A or h[pos] == 0x0D or h[pos] == 0x09):
@@ -54,7 +57,7 @@ def _skip_ws(h: Any, pos: Any) -> Any:
     return pos
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((_BYTES, _I64), cache=True, nogil=True)
 def _string(h: Any, pos: Any) -> Any:
     """(end of content, position after the closing quote, escaped, error); ``pos`` at '"'."""
     n = h.size
@@ -90,7 +93,7 @@ def _string(h: Any, pos: Any) -> Any:
     return 0, pos, False, _SYNTAX
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((_BYTES, _I64), cache=True, nogil=True)
 def _uint(h: Any, pos: Any) -> Any:
     """(value, next position, error) for a JSON integer in [0, 2**64)."""
     n = h.size
@@ -130,7 +133,7 @@ def _dtype(h: Any, start: Any, end: Any, table: Any, lengths: Any) -> Any:
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit((_I64, _I64, _I64), cache=True, nogil=True)
 def _fail(code: Any, pos: Any, row: Any) -> Any:
     empty = np.zeros((0, 3), np.int64)
     return (code, pos, row, False, empty, empty, np.zeros(0, np.uint8), np.zeros(0, np.uint64),
