@@ -7,7 +7,17 @@ globally in O(1) memory, resume exactly, and feed PyTorch or JAX.
 from __future__ import annotations
 
 from zerobatch.errors import FormatError, StorageError
-from zerobatch.shuffle import Feistel, BlockShuffle
+from zerobatch.shuffle import BlockShuffle, Feistel
+from zerobatch.stream import StreamWriter, combine, open_dataset, verify
 
-__all__ = ["BlockShuffle", "Feistel", "FormatError", "StorageError"]
+__all__ = [
+    "BlockShuffle",
+    "Feistel",
+    "FormatError",
+    "StorageError",
+    "StreamWriter",
+    "combine",
+    "open_dataset",
+    "verify",
+]
 __version__ = "0.1.0"

@@ -6,7 +6,7 @@ The layout is specified in ``zerobatch.stream.manifest``.
 from __future__ import annotations
 
 from zerobatch.stream.combine import combine
-from zerobatch.stream.manifest import Tokenizer
+from zerobatch.stream.manifest import Tokenizer, is_dataset
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows, open_dataset
 from zerobatch.stream.verify import Problem, describe, format_problems, verify
 from zerobatch.stream.writer import StreamWriter
@@ -21,6 +21,7 @@ __all__ = [
     "combine",
     "describe",
     "format_problems",
+    "is_dataset",
     "open_dataset",
     "verify",
 ]

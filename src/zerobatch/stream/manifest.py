@@ -70,6 +70,7 @@ __all__ = [
     "Tokenizer",
     "check_sizes",
     "expected_sizes",
+    "is_dataset",
     "parse_manifest",
     "read_manifest",
     "record_dtype",
@@ -292,6 +293,18 @@ def parse_manifest(raw: Any, path: Path) -> Manifest:
                         f"shards[{i}].metadata_entries")
     return Manifest(dtype, token_field, serializer, _parse_tokenizer(raw.get("tokenizer"), path),
                     shards)
+
+
+def is_dataset(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a folder whose manifest names this format (no checks)."""
+    manifest = Path(path) / MANIFEST
+    try:
+        if manifest.stat().st_size > MAX_MANIFEST_BYTES:
+            return False
+        raw = json.loads(manifest.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and raw.get("format") == FORMAT
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
