@@ -7,7 +7,7 @@ building a BatchMeta with ``add_fields``, metadata encode + decode, ``chunk(8)``
 ``concat`` of the 8 chunks, ``select_fields`` of 3, a data message (PUT) encode +
 decode, frames per PUT and per GET, and memory blocks the results keep alive.
 
-Times are medians over repeated runs; compare the ratios, not absolute times.
+Times are the best of repeated runs; compare the ratios, not absolute times.
 Runs without transferqueue installed (then prints zerobatch alone, with a note).
 
 Usage: python benchmarks/columnar.py [--seconds 0.5]
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -54,8 +53,11 @@ def make_columns(seed: int = 0) -> dict[str, Any]:
     return columns
 
 
-def median_seconds(fn: Callable[[], Any], budget: float) -> float:
-    """Median wall time of ``fn`` over at least 3 runs and about ``budget`` seconds."""
+def best_seconds(fn: Callable[[], Any], budget: float) -> float:
+    """Best wall time of ``fn`` over at least 3 runs and about ``budget`` seconds.
+
+    The best run is the least disturbed by other processes on a shared machine.
+    """
     fn()
     times: list[float] = []
     start = time.perf_counter()
@@ -63,7 +65,7 @@ def median_seconds(fn: Callable[[], Any], budget: float) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def retained_blocks(fn: Callable[[], Any]) -> int:
@@ -206,7 +208,7 @@ def main() -> None:
         header += ["ratio", "target"]
     rows: list[list[str]] = []
     for label, method, target in OPERATIONS:
-        times = [median_seconds(getattr(lib, method), args.seconds) for lib in libraries]
+        times = [best_seconds(getattr(lib, method), args.seconds) for lib in libraries]
         row = [label, *(fmt_time(t) for t in times)]
         if len(times) == 2:
             row += [f"{times[1] / times[0]:,.0f}×", target]

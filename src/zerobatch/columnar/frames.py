@@ -26,7 +26,6 @@ keep the frames alive as long as the arrays.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from math import prod
 from typing import Any
 
@@ -160,7 +159,7 @@ def decode(frames: Sequence[Any]) -> tuple[BatchMeta, dict[str, Column]]:
         column = _decode_column(frame, field, rows, items, where=where, name=name)
         columns[name] = column
         if isinstance(column, Jagged):
-            field = replace(field, lengths=column.lengths)
+            field = FieldSchema(field.kind, field.dtype, field.item_shape, column.lengths)
         fields[name] = field
     return meta.with_schema(fields), columns
 

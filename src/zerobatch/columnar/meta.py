@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import replace
 from itertools import pairwise
 from types import MappingProxyType
 from typing import Any, overload
@@ -296,8 +295,10 @@ class BatchMeta:
                         f"BatchMeta.concat: field {name!r} of meta {i} is {other}, expected {field}"
                     )
                 parts.append(other.lengths)
-            lengths = None if field.lengths is None else np.concatenate(parts)
-            schema[name] = replace(field, lengths=lengths)
+            if field.lengths is not None:
+                lengths = np.concatenate(parts)
+                field = FieldSchema(field.kind, field.dtype, field.item_shape, lengths)
+            schema[name] = field
         for i, meta in enumerate(metas):
             if len(meta._schema) != len(schema):
                 extra = sorted(set(meta._schema) - set(schema))
