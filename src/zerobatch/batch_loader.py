@@ -421,28 +421,30 @@ class BatchNativeLoader:
         order = self._order()
         read = self._read_function()
         self.reader.discard_private_writes()  # int32 tensors of a past pass may have been edited
-        advised = (0, 0)
+        window = (0, 0)  # advised batches [start, refresh): advise again outside it
         chunk = 256 * world
         for chunk_start in range(start, stop, chunk):
             positions = np.arange(chunk_start + self.rank, min(stop, chunk_start + chunk), world)
             batches = order(positions) if order is not None else positions
             for batch_index in batches.tolist():
-                if not advised[0] <= batch_index < advised[1] - self.readahead_batches // 2:
-                    advised = self._advise(batch_index)
+                if not window[0] <= batch_index < window[1]:
+                    window = self._advise(batch_index)
                 item = read(batch_index)
                 self._consumed += world
                 yield item
         self._exhausted = True
 
     def _advise(self, batch_index: int) -> tuple[int, int]:
-        block_end = (
-            (batch_index // self.block_size + 1) * self.block_size
-            if self.shuffle
-            else self.reader.num_batches
-        )
-        end = min(block_end, batch_index + self.readahead_batches, self.reader.num_batches)
+        """Hint the kernel to read ahead from ``batch_index`` to the end of its block
+        (at most ``readahead_batches``); returns the range in which to advise no more:
+        the whole window when it reaches the block end, else its first half."""
+        n = self.reader.num_batches
+        block_end = (batch_index // self.block_size + 1) * self.block_size if self.shuffle else n
+        block_end = min(block_end, n)
+        end = min(block_end, batch_index + self.readahead_batches)
         self.reader.advise(batch_index, end - batch_index)
-        return batch_index, end
+        refresh = end if end == block_end else batch_index + max(1, (end - batch_index) // 2)
+        return batch_index, refresh
 
     def _read_function(self) -> Any:
         if self.output == "numpy":
