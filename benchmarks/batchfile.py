@@ -262,9 +262,8 @@ def main() -> None:
     args = parser.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="zerobatch-bench-", dir=args.dir))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    print(
-        f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  torch={torch.__version__}  date={time.strftime('%Y-%m-%d')}"
-    )
+    today = time.strftime("%Y-%m-%d")
+    print(f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  torch={torch.__version__}  date={today}")
     try:
         small, flat = scratch / "seed.batch", scratch / "seed.u32"
         write_batch_dataset(small, chunks(args.records), args.records, BATCH, SEQ, 42)
