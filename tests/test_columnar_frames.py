@@ -147,13 +147,19 @@ def test_random_batches_round_trip(batch: Batch) -> None:
 @settings(max_examples=25, deadline=None)
 @given(random_batches())
 def test_random_batches_round_trip_through_torch(batch: Batch) -> None:
-    out = round_trip(batch).to_torch(jagged="offsets")
+    received = round_trip(batch)
+    out = received.to_torch(jagged="offsets")
+    nested = received.to_torch()
     for name in batch.fields:
         column = batch[name]
         if isinstance(column, Jagged):
             values, offsets = out[name]
             np.testing.assert_array_equal(values.numpy(), column.compact().values)
             assert offsets.tolist() == column.compact().offsets.tolist()
+            samples = nested[name].unbind()
+            assert len(samples) == len(column)
+            for got, want in zip(samples, column, strict=True):
+                np.testing.assert_array_equal(got.numpy(), want)
         elif isinstance(column, np.ndarray):
             np.testing.assert_array_equal(out[name].numpy(), column)
         else:

@@ -4,7 +4,8 @@ Columns are stored as they came (after :func:`normalize_column`): dense
 ``[B, ...]`` arrays, :class:`Jagged` values + offsets, or lists of objects.
 Selecting, chunking and concatenating apply to columns and meta together, at
 O(B) per column and no Python object per sample (lists aside). Thread safety:
-a Batch is never mutated after construction, so sharing it is safe.
+no Batch method changes the batch, so sharing one between threads is safe as
+long as nobody calls ``set_ready``/``add_fields`` on its ``meta``.
 """
 
 from __future__ import annotations

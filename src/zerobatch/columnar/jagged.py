@@ -7,7 +7,8 @@ Sample ``i`` is ``values[offsets[i]:offsets[i + 1]]``: a view, never a copy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from typing import Any, overload
 
 import numpy as np
@@ -121,8 +122,10 @@ class Jagged:
         i %= n
         return self.values[self.offsets[i] : self.offsets[i + 1]]
 
-    def __iter__(self) -> Any:
-        return (self[i] for i in range(len(self)))
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """Each sample's view, in order (one Python object per sample: not for hot paths)."""
+        values, offsets = self.values, self.offsets.tolist()
+        return (values[a:b] for a, b in pairwise(offsets))
 
     def __repr__(self) -> str:
         return (

@@ -12,7 +12,7 @@ writes into an array in place: ``set_ready`` and ``add_fields`` replace it.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from types import MappingProxyType
 from typing import Any, overload
@@ -21,12 +21,13 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.columnar.jagged import as_positions
+from zerobatch.columnar.legacy import Samples, SampleView
 from zerobatch.columnar.schema import DTYPES, KINDS, FieldSchema, normalize_column
 from zerobatch.columnar.views import IndexList, PartitionIds
 from zerobatch.columnar.wire import expect, pack, read_array, unpack
 from zerobatch.errors import FormatError
 
-__all__ = ["BatchMeta", "SampleField", "SampleView", "chunk_bounds"]
+__all__ = ["BatchMeta", "chunk_bounds"]
 
 _MAX_NDIM = 32
 _MAX_SAMPLE_ITEMS = 1 << 48  # product of the non-zero dims a header may declare (NumPy overflows)
@@ -47,6 +48,10 @@ class BatchMeta:
     Reads like the seed: ``meta.global_indexes`` and ``meta.partition_ids`` are
     read-only lists backed by arrays, ``meta.production_status`` a read-only
     int8 array, ``meta.field_schema[name]['dtype']`` works.
+
+    Thread safety: reading is safe; ``set_ready`` and ``add_fields`` change this
+    object (never the arrays it shares), so do not call them while another
+    thread uses it. Metas made from it by ``select``/``chunk`` are unaffected.
     """
 
     __slots__ = (
@@ -358,7 +363,7 @@ class BatchMeta:
                 DeprecationWarning,
                 stacklevel=2,
             )
-        return _Samples(self)
+        return Samples(self)
 
     # -- wire ----------------------------------------------------------------------------
 
@@ -522,87 +527,3 @@ def chunk_bounds(rows: int, n: int) -> list[tuple[int, int]]:
     for i in range(n):
         bounds.append(bounds[-1] + base + (i < extra))
     return list(pairwise(bounds))
-
-
-class SampleField:
-    """One field as seen by one sample (legacy ``FieldMeta``): read-only."""
-
-    __slots__ = ("dtype", "is_nested", "is_non_tensor", "name", "shape")
-
-    def __init__(self, name: str, field: FieldSchema, row: int) -> None:
-        self.name = name
-        self.dtype = field.dtype
-        self.is_nested = field.is_nested
-        self.is_non_tensor = field.is_non_tensor
-        shapes = field.per_sample_shapes
-        self.shape = shapes[row] if shapes is not None else field.shape
-
-    def __repr__(self) -> str:
-        return f"SampleField({self.name!r}, dtype={self.dtype}, shape={self.shape})"
-
-
-class SampleView:
-    """One sample of a BatchMeta (legacy ``SampleMeta``): read-only, built on access."""
-
-    __slots__ = ("_meta", "_row")
-
-    def __init__(self, meta: BatchMeta, row: int) -> None:
-        self._meta = meta
-        self._row = row
-
-    @property
-    def global_index(self) -> int:
-        """The sample's global index."""
-        return int(self._meta._indexes[self._row])
-
-    @property
-    def partition_id(self) -> str:
-        """The sample's partition."""
-        return self._meta._partitions[self._row]
-
-    @property
-    def production_status(self) -> int:
-        """1 if produced, else 0."""
-        return int(self._meta._status[self._row])
-
-    @property
-    def is_ready(self) -> bool:
-        """True if produced."""
-        return self.production_status != 0
-
-    @property
-    def fields(self) -> dict[str, SampleField]:
-        """name -> this sample's view of the field. Cost: O(F)."""
-        return {n: SampleField(n, f, self._row) for n, f in self._meta._schema.items()}
-
-    @property
-    def custom_meta(self) -> dict[str, Any]:
-        """The backend's entry for this sample's global index (empty if none)."""
-        return self._meta.custom_meta.get(self.global_index, {})
-
-    def __repr__(self) -> str:
-        return f"SampleView(global_index={self.global_index}, ready={self.is_ready})"
-
-
-class _Samples(Sequence[SampleView]):
-    """The lazy list behind :attr:`BatchMeta.samples`."""
-
-    __slots__ = ("_meta",)
-
-    def __init__(self, meta: BatchMeta) -> None:
-        self._meta = meta
-
-    def __len__(self) -> int:
-        return len(self._meta)
-
-    @overload
-    def __getitem__(self, i: int) -> SampleView: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[SampleView]: ...
-    def __getitem__(self, i: int | slice) -> SampleView | Sequence[SampleView]:
-        if isinstance(i, slice):
-            return _Samples(self._meta.select(i))
-        return self._meta[i]
-
-    def __iter__(self) -> Iterator[SampleView]:
-        return (SampleView(self._meta, r) for r in range(len(self._meta)))

@@ -40,9 +40,11 @@ class IndexList(Sequence[int]):
         return iter(self._array.tolist())
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if copy or (dtype is not None and np.dtype(dtype) != self._array.dtype):
+            return self._array.astype(self._array.dtype if dtype is None else dtype)
         view = self._array.view()
         view.flags.writeable = False
-        return view if dtype is None else view.astype(dtype, copy=bool(copy))
+        return view
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Sequence | np.ndarray) or isinstance(other, str):
