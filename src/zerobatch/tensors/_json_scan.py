@@ -127,8 +127,15 @@ def _equals(h: Any, start: Any, end: Any, word: Any) -> bool:
 
 @numba.njit(cache=True, nogil=True)
 def _dtype(h: Any, start: Any, end: Any, table: Any, lengths: Any) -> Any:
+    """The code of the dtype string ``h[start:end]``, or -1."""
+    size = end - start
     for code in range(lengths.size):
-        if _equals(h, start, end, table[code, : lengths[code]]):
+        if lengths[code] != size:
+            continue
+        k = 0
+        while k < size and h[start + k] == table[code, k]:
+            k += 1
+        if k == size:
             return code
     return -1
 

@@ -30,20 +30,23 @@ for _code, _dtype in enumerate(DTYPES):
     _TABLE[_code, : len(_dtype.name)] = np.frombuffer(_dtype.name.encode(), np.uint8)
 
 
-def _strings(raw: bytes, text: str | None, spans: list[list[int]], *, path: object) -> list[str]:
-    """The strings at ``spans`` (start, end, escaped); ``text`` is the header
-    decoded when it is pure ASCII, so byte offsets are character offsets."""
-    result = []
-    for start, end, escaped in spans:
-        value = text[start:end] if text is not None else raw[start:end].decode("utf-8")
-        if escaped:
-            value = json.loads(f'"{value}"')
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise FormatError(f"string at header byte {start + _LENGTH_SIZE} escapes a lone "
-                                  "surrogate", path=path, field="header") from None
-        result.append(value)
+def _strings(raw: bytes, text: str | None, spans: np.ndarray[Any, Any], *,
+             path: object) -> list[str]:
+    """The strings at ``spans`` rows (start, end, escaped); ``text`` is the
+    header decoded when it is pure ASCII, so byte offsets are character offsets."""
+    starts, ends = spans[:, 0].tolist(), spans[:, 1].tolist()
+    if text is not None:
+        result = [text[start:end] for start, end in zip(starts, ends, strict=True)]
+    else:
+        result = [raw[start:end].decode("utf-8") for start, end in zip(starts, ends, strict=True)]
+    for row in np.flatnonzero(spans[:, 2]).tolist():
+        value = json.loads(f'"{result[row]}"')
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise FormatError(f"string at header byte {starts[row] + _LENGTH_SIZE} escapes a "
+                              "lone surrogate", path=path, field="header") from None
+        result[row] = value
     return result
 
 
@@ -64,13 +67,13 @@ def decode(raw: bytes, *, path: object) -> tuple[Any, ...]:
                           field=field)
     if not raw.isascii():
         text = None
-    names = _strings(raw, text, spans.tolist(), path=path)
+    names = _strings(raw, text, spans, path=path)
     if METADATA_KEY in names:
         raise FormatError(f"{METADATA_KEY!r} must not be written with escapes", path=path,
                           field=METADATA_KEY)
     metadata = None
     if has_meta:
-        pairs = _strings(raw, text, meta.tolist(), path=path)
+        pairs = _strings(raw, text, meta, path=path)
         metadata = dict(zip(pairs[::2], pairs[1::2], strict=True))
         if len(metadata) != len(pairs) // 2:
             raise FormatError("duplicate metadata key", path=path, field=METADATA_KEY)

@@ -1,0 +1,134 @@
+"""Tensor files: zerobatch against the reference bintensors and safetensors.
+
+Measures, in one run, on the same bytes (zerobatch writes byte-identical files):
+  * header decode: ``safe_open(path)`` and ``keys()`` of a file of 10,000 small
+    tensors (4x4 float32);
+  * ``load_file`` of a 1 GiB file (8 float32 tensors of 128 MiB), NumPy and
+    PyTorch: zerobatch maps the file and returns views, nothing is read;
+  * ``save_file`` of the same 1 GiB (tensors in memory, file into the page cache);
+  * the limit for writes: ``np.copyto`` of 1 GiB, memory to memory.
+
+Each figure is the best of several repeats; ratios are reference time divided
+by zerobatch time (above 1: zerobatch is faster). Temporary files go to the
+system temp folder and are deleted. Run: ``python benchmarks/tensors.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import bintensors
+import bintensors.numpy
+import bintensors.torch
+import numpy as np
+import safetensors
+import safetensors.numpy
+import safetensors.torch
+
+import zerobatch.tensors as zt
+
+REFERENCES: dict[str, Any] = {"bintensors": bintensors, "safetensors": safetensors}
+NUMPY = {"bintensors": bintensors.numpy, "safetensors": safetensors.numpy}
+TORCH = {"bintensors": bintensors.torch, "safetensors": safetensors.torch}
+
+
+def compare(reference: Callable[[], Any], ours: Callable[[], Any], repeats: int, *,
+            settle: Callable[[], None] = gc.collect) -> tuple[float, float]:
+    """Fastest of ``repeats`` calls of each, in seconds, the two interleaved so
+    that drifts in machine load hit both alike; ``settle`` runs untimed before
+    every call (results are dropped before the clock stops)."""
+    times: dict[Callable[[], Any], list[float]] = {reference: [], ours: []}
+    for _ in range(repeats):
+        for run in (reference, ours):
+            settle()
+            start = time.perf_counter()
+            result = run()
+            del result
+            times[run].append(time.perf_counter() - start)
+    return min(times[reference]), min(times[ours])
+
+
+def flush_writes() -> None:
+    """Write dirty pages out so each save starts from the same page-cache state."""
+    gc.collect()
+    os.sync()
+
+
+def header_decode(folder: Path, fmt: str, repeats: int) -> tuple[float, float]:
+    small = {f"model.layers.{i}.weight": np.zeros((4, 4), np.float32) for i in range(10_000)}
+    path = folder / f"small.{fmt}"
+    NUMPY[fmt].save_file(small, path)
+
+    def reference() -> list[str]:
+        with REFERENCES[fmt].safe_open(str(path), framework="np") as file:
+            return list(file.keys())
+
+    def ours() -> list[str]:
+        with zt.safe_open(path, "np") as file:
+            return file.keys()
+
+    assert reference() == ours()
+    return compare(reference, ours, repeats)
+
+
+def big_tensors(total_bytes: int) -> dict[str, np.ndarray]:
+    count = 8
+    rng = np.random.default_rng(0)
+    return {f"w{i}": rng.standard_normal(total_bytes // count // 4, dtype=np.float32)
+            for i in range(count)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gib", type=float, default=1.0, help="size of the big file (GiB)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    size = int(args.gib * (1 << 30))
+    label = f"{args.gib:g} GiB"
+    folder = Path(tempfile.mkdtemp(prefix="zerobatch-bench-tensors-"))
+    rows: list[tuple[str, str, float, float]] = []
+    try:
+        for fmt in ("bintensors", "safetensors"):
+            theirs, ours = header_decode(folder, fmt, args.repeats * 4)
+            rows.append(("header decode, 10,000 tensors", fmt, theirs, ours))
+        tensors = big_tensors(size)
+        for fmt in ("bintensors", "safetensors"):
+            path = folder / f"big.{fmt}"
+            target = folder / f"written.{fmt}"
+            NUMPY[fmt].save_file(tensors, path)
+            zt.save_file(tensors, target, format=fmt)
+            assert target.read_bytes() == path.read_bytes()
+            target.unlink()
+            for framework, module in (("np", NUMPY[fmt]), ("pt", TORCH[fmt])):
+                rows.append((f"load_file {label} ({framework})", fmt, *compare(
+                    lambda m=module, p=path: m.load_file(p),
+                    lambda f=framework, p=path: zt.load_file(p, f), args.repeats)))
+            rows.append((f"save_file {label} (np)", fmt, *compare(
+                lambda f=fmt, t=target: NUMPY[f].save_file(tensors, t),
+                lambda f=fmt, t=target: zt.save_file(tensors, t, format=f),
+                args.repeats, settle=flush_writes)))
+            path.unlink()
+            target.unlink()
+        source = np.ones(size, np.uint8)
+        destination = np.empty_like(source)
+        copy = min(compare(lambda: np.copyto(destination, source),
+                           lambda: np.copyto(destination, source), args.repeats))
+    finally:
+        shutil.rmtree(folder)
+    print(f"{'operation':32} {'format':12} {'reference ms':>13} {'zerobatch ms':>13} "
+          f"{'ref/zb':>8}")
+    for name, fmt, theirs, ours in rows:
+        print(f"{name:32} {fmt:12} {theirs * 1e3:13.2f} {ours * 1e3:13.2f} {theirs / ours:8.1f}")
+    print(f"{f'np.copyto {label} (memory bound)':32} {'-':12} {'':13} {copy * 1e3:13.2f}")
+
+
+if __name__ == "__main__":
+    main()
