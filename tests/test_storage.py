@@ -33,7 +33,7 @@ def test_short_read_reported(storage: LocalStorage) -> None:
     buffer = np.zeros(8, dtype=np.uint8)
     assert storage.read_into(np.array([b, b]), np.array([0, 2]), np.array([1, 4]), buffer,
                              np.array([0, 1])) == 1
-    with pytest.raises(ValueError, match="past the end"):
+    with pytest.raises(ValueError, match="does not fit"):
         storage.read_into(np.array([b]), np.array([0]), np.array([9]), buffer, np.array([0]))
 
 

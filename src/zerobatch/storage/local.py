@@ -30,9 +30,13 @@ def _read_all(
     handles: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
     buffer: np.ndarray, destinations: np.ndarray,
 ) -> tuple[int, int]:
-    """Run every request; returns (first short request or -1, its pread result)."""
+    """Run every request; returns (-1, 0), or (request, status): status 0 means
+    the file ended early, -1 that pread failed, -2 that the request does not
+    fit the buffer."""
     base = buffer.ctypes.data
     for i in range(handles.shape[0]):
+        if lengths[i] < 0 or destinations[i] < 0 or destinations[i] + lengths[i] > buffer.size:
+            return i, -2
         done = 0
         while done < lengths[i]:
             got = _pread(
@@ -94,10 +98,10 @@ class LocalStorage:
         """Run all requests in one GIL-free loop; -1, or the first short request."""
         if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
             raise ValueError("buffer must be a C-contiguous uint8 vector")
-        if handles.shape[0] and int((destinations + lengths).max()) > buffer.shape[0]:
-            raise ValueError("a request ends past the end of the buffer")
-        short, result = _read_all(handles, offsets, lengths, buffer, destinations)
-        if result < 0:
+        short, status = _read_all(handles, offsets, lengths, buffer, destinations)
+        if status == -2:
+            raise ValueError(f"request {short} does not fit the buffer")
+        if status < 0:
             raise OSError(f"pread failed for request {short} (handle {int(handles[short])})")
         return int(short)
 

@@ -155,12 +155,13 @@ class Dataset:
 
     def _handles_for(self, kind: str, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         table = self._handles[kind]
-        needed = shards[table[shards] < 0]
-        if needed.size:
+        handles = table[shards]
+        if handles.size and handles.min() < 0:
             with self._lock:
-                for s in np.unique(needed).tolist():
+                for s in np.unique(shards[handles < 0]).tolist():
                     table[s] = self._storage.open(self._manifest.shards[s].file(kind))
-        return table[shards]
+            handles = table[shards]
+        return handles
 
     def _read(
         self, kind: str, shards: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
