@@ -316,3 +316,29 @@ def test_mutated_frames_decode_or_raise_format_error(data: st.DataObject) -> Non
     except FormatError:
         return
     assert len(batch.fields) == 3
+
+
+def test_frames_travel_over_zeromq_without_copies() -> None:
+    import zmq
+
+    batch = Batch.from_columns(
+        {
+            "x": np.arange(4096, dtype=np.float32).reshape(4, 1024),
+            "j": Jagged(np.arange(10, dtype=np.int64), [0, 1, 1, 4, 10]),
+            "s": ["a", "b", "c", "d"],
+        }
+    )
+    context = zmq.Context.instance()
+    sender, receiver = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    try:
+        receiver.bind("inproc://columnar-test")
+        sender.connect("inproc://columnar-test")
+        frames = batch.to_frames()
+        sender.send_multipart(frames, copy=False)
+        received = receiver.recv_multipart(copy=False)
+        assert len(received) == len(batch.fields) + 1
+        back = Batch.from_frames(received)
+    finally:
+        sender.close(linger=0)
+        receiver.close(linger=0)
+    assert_same(batch, back)
