@@ -256,6 +256,16 @@ def test_concat_and_union_errors() -> None:
         BatchMeta.concat([meta.select_fields(["dense"]), meta])
     with pytest.raises(ValueError, match="global indexes differ"):
         meta.union(meta[1:])
+    renamed = BatchMeta(np.asarray(meta.global_indexes), partition_ids=["p0", "p1", "p1", "p1"])
+    with pytest.raises(ValueError, match="partition ids differ"):
+        meta.union(renamed)
+    same = BatchMeta(np.asarray(meta.global_indexes), partition_ids=["p0", "p1", "p0", "p1"])
+    assert meta.union(same).partition_ids == meta.partition_ids
+    parts = [BatchMeta([1], partition_ids="b"), BatchMeta([2], partition_ids="a")]
+    joined = BatchMeta.concat(parts)
+    fresh = BatchMeta([1, 2], partition_ids=["b", "a"])
+    assert joined.partition_ids.names != fresh.partition_ids.names
+    assert joined.union(fresh).partition_ids == ["b", "a"]
 
 
 def test_custom_meta_follows_global_indexes() -> None:

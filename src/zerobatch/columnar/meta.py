@@ -326,13 +326,15 @@ class BatchMeta:
         """The fields of both over the same samples; a sample is ready only if ready in both.
 
         ``other``'s fields, ``extra_info`` and ``custom_meta`` entries win.
-        Both must hold the same global indexes in the same order.
-        Cost: O(B) + O(F).
+        Both must hold the same global indexes and partition ids in the same order.
+        Cost: O(B) + O(F) + O(len(custom_meta)).
         """
         if not np.array_equal(self._indexes, other._indexes):
             raise ValueError(
                 f"BatchMeta.union: global indexes differ ({len(self)} vs {len(other)} samples)"
             )
+        if not self._partitions.same_as(other._partitions):
+            raise ValueError("BatchMeta.union: partition ids differ")
         custom = {k: dict(v) for k, v in self.custom_meta.items()}
         for key, value in other.custom_meta.items():
             custom.setdefault(key, {}).update(value)
