@@ -165,6 +165,12 @@ def test_batch_chunk_concat_matches_rows(batch: Batch, n: int) -> None:
     assert joined.meta.field_schema["j"] == batch.meta.field_schema["j"]
 
 
+def test_objects_concat_whatever_their_first_sample() -> None:
+    a = Batch.from_columns({"m": [None, 1]})
+    b = Batch.from_columns({"m": [[1, 2], "x"]})
+    assert Batch.concat([a, b])["m"] == [None, 1, [1, 2], "x"]
+
+
 def test_batch_concat_checks_fields() -> None:
     a = Batch.from_columns({"x": np.zeros((2, 3))})
     b = Batch.from_columns({"x": np.zeros((2, 4))})

@@ -144,10 +144,13 @@ class FieldSchema:
     __hash__ = None  # type: ignore[assignment]  # holds an array
 
     def same_layout(self, other: FieldSchema) -> bool:
-        """Same kind, dtype and item shape (per-sample lengths aside). Cost: O(1)."""
+        """Same kind, dtype and item shape (per-sample lengths aside). Cost: O(1).
+
+        The type name of an objects field is informational and not compared.
+        """
         return (
             self.kind == other.kind
-            and self.dtype == other.dtype
+            and (self.kind == "objects" or self.dtype == other.dtype)
             and self.item_shape == other.item_shape
         )
 
