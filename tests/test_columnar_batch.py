@@ -188,3 +188,14 @@ def test_batch_constructor_checks_columns() -> None:
         Batch(meta, {"x": np.zeros(2, np.float32)})
     with pytest.raises(ValueError, match="does not match"):
         Batch(meta, {"x": [0.0, 0.0]})
+
+
+def test_importing_columnar_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, zerobatch.columnar; print('torch' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"
