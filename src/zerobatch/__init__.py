@@ -6,14 +6,18 @@ globally in O(1) memory, resume exactly, and feed PyTorch or JAX.
 
 from __future__ import annotations
 
+from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.errors import FormatError, StorageError
 from zerobatch.shuffle import BlockShuffle, Feistel
 from zerobatch.stream import StreamWriter, combine, open_dataset, verify
 
 __all__ = [
+    "Batch",
+    "BatchMeta",
     "BlockShuffle",
     "Feistel",
     "FormatError",
+    "Jagged",
     "StorageError",
     "StreamWriter",
     "combine",
