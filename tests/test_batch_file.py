@@ -345,6 +345,16 @@ def test_sharded_dataset_reads_like_one_file(tmp_path: Path) -> None:
         assert again.num_batches == 100
 
 
+def test_shards_never_replace_a_folder_that_is_not_a_batch_dataset(tmp_path: Path) -> None:
+    (tmp_path / "keep").mkdir()
+    (tmp_path / "keep" / "notes.txt").write_text("mine")
+    tokens = _records(64, 16)
+    with pytest.raises(FileExistsError, match="not a batch dataset folder"):
+        write_batch_dataset(tmp_path / "keep", iter(tokens), 64, 8, 16, 3, batches_per_shard=2)
+    assert (tmp_path / "keep" / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"], "no staging folder left behind"
+
+
 def _shards(tmp_path: Path) -> Path:
     tokens = _records(400, 16)
     write_batch_dataset(tmp_path / "s", iter(tokens), 400, 8, 16, 3, batches_per_shard=20)
