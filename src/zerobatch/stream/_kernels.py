@@ -150,14 +150,14 @@ def window_segments(
             cu[cu_offsets[b] + filled[b]] = start
             ids[doc_offsets[b] + filled[b]] = doc_starts[s] + j
             filled[b] += 1
-    ramp = np.arange(seq_len).astype(positions.dtype)
     for b in range(b_count):
         last = cu_offsets[b + 1] - 1
         cu[last] = seq_len
         row = positions[b]
         for q in range(cu_offsets[b], last):
-            first, end = np.int64(cu[q]), np.int64(cu[q + 1])
-            row[first:end] = ramp[: end - first]
+            segment = row[np.int64(cu[q]) : np.int64(cu[q + 1])]
+            for t in range(segment.shape[0]):  # a row view: the loop vectorizes
+                segment[t] = t
     return cu_offsets, cu, doc_offsets, ids, OK, 0
 
 
@@ -165,11 +165,13 @@ def window_segments(
 def decode_tokens(tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray) -> None:
     """``inputs = tokens[:, :seq_len]``, ``labels = tokens[:, 1:]`` cast (labels may be empty)."""
     for b in range(tokens.shape[0]):
-        for t in range(seq_len):
-            inputs[b, t] = tokens[b, t]
+        source, target = tokens[b], inputs[b]
+        for t in range(seq_len):  # row views: the loops vectorize
+            target[t] = source[t]
         if labels.shape[0]:
+            shifted = labels[b]
             for t in range(seq_len):
-                labels[b, t] = tokens[b, t + 1]
+                shifted[t] = source[t + 1]
 
 
 @njit(nogil=True, cache=True)
