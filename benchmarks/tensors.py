@@ -5,7 +5,8 @@ Measures, in one run, on the same bytes (zerobatch writes byte-identical files):
     tensors (4x4 float32);
   * ``load_file`` of a 1 GiB file (8 float32 tensors of 128 MiB), NumPy and
     PyTorch: zerobatch maps the file and returns views, nothing is read;
-  * ``save_file`` of the same 1 GiB (tensors in memory, file into the page cache);
+  * ``save_file`` of the same 1 GiB to a new path (tensors in memory, file into
+    the page cache; dirty pages are synced before each save, untimed);
   * the limit for writes: ``np.copyto`` of 1 GiB, memory to memory.
 
 Each figure is the best of several repeats; ratios are reference time divided
@@ -56,10 +57,17 @@ def compare(reference: Callable[[], Any], ours: Callable[[], Any], repeats: int,
     return min(times[reference]), min(times[ours])
 
 
-def flush_writes() -> None:
-    """Write dirty pages out so each save starts from the same page-cache state."""
-    gc.collect()
-    os.sync()
+def fresh_target(path: Path) -> Callable[[], None]:
+    """Before each save: delete ``path`` and write dirty pages out, so every
+    save creates a new file from the same page-cache state (freeing the old
+    file's blocks is not what is measured)."""
+
+    def settle() -> None:
+        path.unlink(missing_ok=True)
+        gc.collect()
+        os.sync()
+
+    return settle
 
 
 def header_decode(folder: Path, fmt: str, repeats: int) -> tuple[float, float]:
@@ -114,7 +122,7 @@ def main() -> None:
             rows.append((f"save_file {label} (np)", fmt, *compare(
                 lambda f=fmt, t=target: NUMPY[f].save_file(tensors, t),
                 lambda f=fmt, t=target: zt.save_file(tensors, t, format=f),
-                args.repeats, settle=flush_writes)))
+                args.repeats, settle=fresh_target(target))))
             path.unlink()
             target.unlink()
         source = np.ones(size, np.uint8)
