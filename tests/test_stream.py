@@ -215,3 +215,14 @@ def test_empty_dataset(tmp_path: Path) -> None:
     ds = stream.open_dataset(tmp_path / "ds")
     assert (ds.num_tokens, len(ds.windows(4)), len(ds.documents())) == (0, 0, 0)
     assert stream.verify(tmp_path / "ds") == []
+
+
+def test_closed_dataset_refuses_reads(tmp_path: Path) -> None:
+    ds = stream.open_dataset(write(tmp_path / "ds", Corpus([np.arange(20)]), metadata=None,
+                                   mask=False))
+    windows = ds.windows(4)
+    windows.read([0])
+    ds.close()
+    ds.close()
+    with pytest.raises(ValueError, match="closed"):
+        windows.read([1])

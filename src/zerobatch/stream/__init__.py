@@ -1,6 +1,12 @@
 """Token-stream datasets: sharded token arrays with documents and span metadata.
 
-The layout is specified in ``zerobatch.stream.manifest``.
+The layout is specified in ``zerobatch.stream.manifest``. In short::
+
+    with StreamWriter("corpus", metadata="msgpack") as writer:
+        writer.add_document([5, 6, 7, 8], spans=[(1, 3, {"concept": 14})])
+    windows = open_dataset("corpus").windows(2)
+    batch = windows.read([0])  # input_ids [[5, 6]], labels [[6, 7]],
+                               # metadata [[(1, 2, {"concept": 14})]]
 """
 
 from __future__ import annotations

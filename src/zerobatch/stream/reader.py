@@ -93,6 +93,7 @@ class Dataset:
                          for kind in (TOKENS, META_INDEX, META_DATA)}
         self._docs: typed.List | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     @property
     def path(self) -> Path:
@@ -132,6 +133,7 @@ class Dataset:
     def close(self) -> None:
         """Close every file; idempotent. Reads afterwards raise ``OSError``."""
         with self._lock:
+            self._closed = True
             for handles in self._handles.values():
                 handles[:] = -1
             self._storage.close()
@@ -158,6 +160,8 @@ class Dataset:
         handles = table[shards]
         if handles.size and handles.min() < 0:
             with self._lock:
+                if self._closed:
+                    raise ValueError(f"{self._path} is closed")
                 for s in np.unique(shards[handles < 0]).tolist():
                     table[s] = self._storage.open(self._manifest.shards[s].file(kind))
             handles = table[shards]
@@ -267,6 +271,11 @@ class TokenWindows:
     with span metadata, ``metadata``: per window a list of ``(start, end,
     value)`` in window coordinates, clipped to the window. Global indexes in the
     batch meta are the observation indices. Immutable and thread-safe.
+
+    ``dtype`` sets the token columns: ``"int64"`` (default), ``"int32"``, or
+    ``"stored"`` (``input_ids`` and ``labels`` are then overlapping views of
+    the read buffer, no copy). ``position_ids`` are int64 with int64 tokens,
+    else int32.
     """
 
     def __init__(

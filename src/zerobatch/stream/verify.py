@@ -152,7 +152,9 @@ def verify(path: str | os.PathLike[str], *, metadata: Any = None) -> list[Proble
         manifest = read_manifest(folder)
         check_sizes(folder, manifest, lambda name: os.stat(folder / name).st_size)
     except FormatError as error:
-        return [Problem(Path(error.path or folder), error.field or "manifest", str(error))]
+        where = Path(error.path or folder)
+        prefix = f"{error.path}: field {error.field!r}: " if error.path and error.field else ""
+        return [Problem(where, error.field or "manifest", str(error).removeprefix(prefix))]
     except OSError as error:
         return [Problem(folder, "manifest", str(error))]
     serializer = None

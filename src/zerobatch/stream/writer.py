@@ -69,11 +69,10 @@ class _AtomicFile:
 class _ShardBuilder:
     """Buffers one shard's records, document offsets and metadata entries."""
 
-    def __init__(self, folder: Path, number: int, dtype: np.dtype, metadata: bool) -> None:
+    def __init__(self, folder: Path, number: int, metadata: bool) -> None:
         self.name = shard_name(number)
         self.tokens = _AtomicFile(folder / f"{self.name}.{TOKENS}")
         self.meta = _AtomicFile(folder / f"{self.name}.{META_DATA}") if metadata else None
-        self.dtype = dtype
         self.pending: list[np.ndarray] = []
         self.pending_bytes = 0
         self.records = 0
@@ -159,10 +158,6 @@ class StreamWriter:
     Every file is written under a temporary name, fsynced and renamed; the
     manifest goes last, on ``close()``. After an exception inside ``with``,
     the writer removes what it wrote and writes no manifest. Not thread-safe.
-
-    >>> with StreamWriter(folder) as w:  # doctest: +SKIP
-    ...     w.add_document([1, 2, 3])
-    0
     """
 
     def __init__(
@@ -336,9 +331,7 @@ class StreamWriter:
             self._shards.append(current.commit(self._folder))
             current = None
         if current is None:
-            current = _ShardBuilder(
-                self._folder, len(self._shards), self._dtype, self._serializer is not None
-            )
+            current = _ShardBuilder(self._folder, len(self._shards), self._serializer is not None)
             self._current = current
         return current
 
