@@ -61,6 +61,8 @@ def _model(seq_len: int) -> object:
     from torch import nn
 
     class TinyLM(nn.Module):
+        mask: torch.Tensor  # a registered buffer: the causal attention mask
+
         def __init__(self, width: int = 96, layers: int = 2, heads: int = 4) -> None:
             super().__init__()
             self.tokens = nn.Embedding(VOCAB, width)
