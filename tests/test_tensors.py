@@ -304,3 +304,22 @@ def test_unknown_framework_and_numpy_device(tmp_path: Path) -> None:
         zt.load_file(tmp_path / "f", "np", device="cuda")
     with zt.safe_open(tmp_path / "f", "np") as file, pytest.raises(KeyError, match="'y'"):
         file.get_tensor("y")
+
+
+@pytest.mark.parametrize("fmt", ["bintensors", "safetensors"])
+def test_jax_reads_and_writes(fmt: str, tmp_path: Path) -> None:
+    import jax.numpy as jnp
+
+    tensors = {"bf": random_array(np.dtype(ml_dtypes.bfloat16), (3, 4), 1),
+               "f8": random_array(np.dtype(ml_dtypes.float8_e4m3fn), (5,), 2),
+               "i": np.arange(6, dtype=np.int32).reshape(2, 3), "s": np.array(3, np.uint8)}
+    zt.save_file(tensors, tmp_path / "f", format=fmt)
+    loaded = zt.load_file(tmp_path / "f", "jax")
+    for name, array in tensors.items():
+        assert loaded[name].dtype == array.dtype
+        assert np.asarray(loaded[name]).tobytes() == array.tobytes()
+    with zt.safe_open(tmp_path / "f", "jax", device="cpu") as file:
+        part = file.get_slice("i")[:, ::2]
+    np.testing.assert_array_equal(np.asarray(part), tensors["i"][:, ::2])
+    as_jax = {name: jnp.asarray(array) for name, array in tensors.items()}
+    assert zt.save(as_jax, format=fmt) == zt.save(tensors, format=fmt)
