@@ -96,10 +96,18 @@ def numpy_dtype(code: int) -> np.dtype[Any] | None:
 
 
 @cache
-def _codes_by_numpy() -> dict[str, int]:
-    return {d.numpy_name: code for code, d in enumerate(DTYPES) if d.numpy_name is not None}
+def _codes_by_numpy() -> dict[np.dtype[Any], int]:
+    return {
+        dtype: code
+        for code in range(len(DTYPES))
+        if (dtype := numpy_dtype(code)) is not None
+    }
 
 
 def code_of_numpy(dtype: np.dtype[Any]) -> int | None:
     """The code for a NumPy dtype (either byte order), or None if neither format has it."""
-    return _codes_by_numpy().get(dtype.name)
+    codes = _codes_by_numpy()
+    code = codes.get(dtype)
+    if code is None and dtype.byteorder == ">":
+        code = codes.get(dtype.newbyteorder("<"))
+    return code

@@ -8,6 +8,7 @@ the process. A device other than the CPU costs exactly one copy.
 from __future__ import annotations
 
 import mmap
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -22,17 +23,24 @@ ACCESS = mmap.ACCESS_COPY
 _SAME_SIZE_INT = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
+@cache
+def _torch_dtype(dtype: np.dtype[Any]) -> Any:
+    import torch
+
+    code = code_of_numpy(dtype)
+    if code is None:
+        raise TypeError(f"no torch dtype for {dtype}")
+    return getattr(torch, str(DTYPES[code].torch_name))
+
+
 def convert(array: np.ndarray[Any, Any], device: str | int) -> Any:
     """A ``torch.Tensor`` sharing ``array``'s memory (then moved to ``device``)."""
     import torch
 
-    code = code_of_numpy(array.dtype)
-    if code is None:
-        raise TypeError(f"no torch dtype for {array.dtype}")
     raw = array.view(_SAME_SIZE_INT[array.dtype.itemsize])
     if not raw.flags.aligned or any(stride < 0 for stride in raw.strides):
         raw = raw.copy()  # copy: torch needs aligned data and non-negative strides
-    tensor = torch.from_numpy(raw).view(getattr(torch, str(DTYPES[code].torch_name)))
-    if torch.device(device).type != "cpu":
+    tensor = torch.from_numpy(raw).view(_torch_dtype(array.dtype))
+    if device != "cpu" and torch.device(device).type != "cpu":
         tensor = tensor.to(device)
     return tensor
