@@ -29,6 +29,7 @@ __all__ = [
 OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX = 0, 1, 2, 3, 4
 _NO_METADATA = np.uint32(2**32 - 1)
 OBS, SHARD, START, LENGTH, DEST = 0, 1, 2, 3, 4
+_OFFSET_BYTES = 8  # one <u8 of a .docs or .meta.index file
 
 
 @njit(nogil=True, cache=True)
@@ -175,22 +176,47 @@ def decode_tokens(tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: 
 
 
 @njit(nogil=True, cache=True)
+def _run_end(meta_ids: np.ndarray, t: int, hi: int, mid: np.uint32) -> int:
+    """The end of the run of ``mid`` that starts at ``t`` (ends at most at ``hi``).
+
+    Gallops, then bisects: runs are contiguous, so a probe that still sees
+    ``mid`` vouches for every token before it (``verify`` checks each token).
+    """
+    known = t
+    step = 1
+    while known + step < hi and meta_ids[known + step] == mid:
+        known += step
+        step *= 2
+    bad = min(known + step, hi)
+    while bad - known > 1:
+        middle = (known + bad) // 2
+        if meta_ids[middle] == mid:
+            known = middle
+        else:
+            bad = middle
+    return bad
+
+
+@njit(nogil=True, cache=True)
 def meta_runs(
     meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
     entries: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.int64 | int, int, int]:
     """Runs of one metadata entry inside each observation's tokens.
 
-    Returns (runs ``(R, 2)`` start/end in observation coordinates, run offsets
-    per observation, requests ``(Q, 3)`` shard/first entry/entries, code, shard).
+    Returns (run starts and ends in observation coordinates, run offsets per
+    observation, requests ``(Q, 5)``: shard, first entry, entries, index byte
+    offset, destination in the index buffer; index bytes in all, code, shard).
     Within a piece entry ids must rise by exactly one from run to run.
     """
     b_count = obs_begin.shape[0]
-    runs = np.empty((meta_ids.shape[0], 2), np.int64)
+    starts = np.empty(meta_ids.shape[0], np.int64)
+    ends = np.empty(meta_ids.shape[0], np.int64)
     run_offsets = np.zeros(b_count + 1, np.int64)
-    requests = np.empty((pieces.shape[0], 3), np.int64)
+    requests = np.empty((pieces.shape[0], 5), np.int64)
     r = 0
     q = 0
+    index_bytes = np.int64(0)
     for p in range(pieces.shape[0]):
         b, s = pieces[p, OBS], pieces[p, SHARD]
         lo = pieces[p, DEST]
@@ -205,27 +231,28 @@ def meta_runs(
                 continue
             value = np.int64(mid)
             if value >= entries[s]:
-                return runs, run_offsets, requests, BAD_META_ID, s
+                return starts, ends, run_offsets, requests, 0, BAD_META_ID, s
             if first < 0:
                 first = value
             elif value != last + 1:
-                return runs, run_offsets, requests, META_ORDER, s
+                return starts, ends, run_offsets, requests, 0, META_ORDER, s
             last = value
-            start = t
-            while t < hi and meta_ids[t] == mid:
-                t += 1
-            runs[r, 0] = start - obs_begin[b]
-            runs[r, 1] = t - obs_begin[b]
+            starts[r] = t - obs_begin[b]
+            t = _run_end(meta_ids, t, hi, mid)
+            ends[r] = t - obs_begin[b]
             r += 1
         if first >= 0:
             requests[q, 0] = s
             requests[q, 1] = first
             requests[q, 2] = last - first + 1
+            requests[q, 3] = first * _OFFSET_BYTES
+            requests[q, 4] = index_bytes
+            index_bytes += (last - first + 2) * _OFFSET_BYTES
             q += 1
         run_offsets[b + 1] = r
     for b in range(1, b_count + 1):
         run_offsets[b] = max(run_offsets[b], run_offsets[b - 1])
-    return runs[:r], run_offsets, requests[:q], OK, 0
+    return starts[:r], ends[:r], run_offsets, requests[:q], index_bytes, OK, 0
 
 
 @njit(nogil=True, cache=True)

@@ -230,29 +230,26 @@ class Dataset:
         obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64],
     ) -> list[list[tuple[int, int, Any]]]:
         """Per observation, ``(start, end, value)`` of each entry it overlaps."""
-        runs, run_offsets, requests, code, shard = k.meta_runs(
+        starts, ends, run_offsets, requests, index_bytes, code, shard = k.meta_runs(
             records[META_ID], pieces, obs_begin, obs_len, self._entries
         )
         self._check(code, shard)
-        counts = requests[:, 2]
-        index_dest = np.zeros(requests.shape[0], dtype=np.int64)
-        np.cumsum(counts[:-1] + 1, out=index_dest[1:])
-        index = np.empty(int((counts + 1).sum()) * OFFSET_DTYPE.itemsize, dtype=np.uint8)
-        self._read(META_INDEX, requests[:, 0], requests[:, 1] * OFFSET_DTYPE.itemsize,
-                   (counts + 1) * OFFSET_DTYPE.itemsize, index,
-                   index_dest * OFFSET_DTYPE.itemsize)
+        index = np.empty(index_bytes, dtype=np.uint8)
+        shards = requests[:, 0]
+        lengths = (requests[:, 2] + 1) * OFFSET_DTYPE.itemsize
+        self._read(META_INDEX, shards, requests[:, 3], lengths, index, requests[:, 4])
         reads, bounds, code, shard = k.meta_data_requests(
             index.view(OFFSET_DTYPE), requests, self._data_sizes
         )
         self._check(code, shard)
         data = np.empty(_HEAD + int(bounds[-1]), dtype=np.uint8)
-        self._read(META_DATA, requests[:, 0], reads[:, 0], reads[:, 1], data, reads[:, 2] + _HEAD)
+        self._read(META_DATA, shards, reads[:, 0], reads[:, 1], data, reads[:, 2] + _HEAD)
         try:
             values = loads_many(self._serializer, data, bounds, _HEAD)
         except Exception as error:
             raise FormatError(f"cannot decode metadata entries ({error})",
                               path=self._path, field=META_DATA) from error
-        triples = list(zip(runs[:, 0].tolist(), runs[:, 1].tolist(), values, strict=True))
+        triples = list(zip(starts.tolist(), ends.tolist(), values, strict=True))
         return [triples[a:b] for a, b in itertools.pairwise(run_offsets.tolist())]
 
 
