@@ -255,6 +255,8 @@ def test_save_file_is_atomic_and_checks_everything_first(tmp_path: Path) -> None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
     with pytest.raises(ValueError, match="bintensors cannot store dtype complex64"):
         zt.save({"c": np.ones(2, np.complex64)})
+    with pytest.raises(ValueError, match="reserved for metadata"):
+        zt.save({"__metadata__": np.ones(1)}, format="safetensors")
     with pytest.raises(ValueError, match="format must be one of"):
         zt.save({}, format="npz")
     with pytest.raises(ValueError, match="metadata"):

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from zerobatch.tensors._dtypes import BINTENSORS_ID, DTYPES, code_of_numpy
-from zerobatch.tensors._header import BINTENSORS, FORMATS
+from zerobatch.tensors._header import BINTENSORS, FORMATS, SAFETENSORS
+from zerobatch.tensors._safetensors_header import METADATA_KEY
 
 __all__ = ["Planned", "plan"]
 
@@ -76,6 +77,9 @@ def plan(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None,
     for name, value in tensors.items():
         if type(name) is not str:
             problems.append(f"tensor name {name!r} is not a str")
+            continue
+        if fmt == SAFETENSORS and name == METADATA_KEY:
+            problems.append(f"{METADATA_KEY!r} is reserved for metadata in safetensors")
             continue
         code, shape, data = _convert(value)
         if code is None or (fmt == BINTENSORS and code not in BINTENSORS_ID):
