@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_stream_helpers import random_corpus, write
 
 from zerobatch import stream
@@ -134,3 +136,23 @@ def test_undecodable_entry_found_by_verify(dataset: Path) -> None:
     assert {p.field for p in problems} == {"xxh3_64", "entries"}
     with pytest.raises(FormatError, match=r"meta\.data"):
         stream.open_dataset(dataset).documents().read([0, 1, 2])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(suffix=st.sampled_from(["tokens", "docs", "meta.index", "meta.data"]),
+       data=st.data())
+def test_flipped_bytes_never_crash(tmp_path_factory: pytest.TempPathFactory, suffix: str,
+                                   data: st.DataObject) -> None:
+    corpus = random_corpus(np.random.default_rng(11), docs=6, max_len=20, spans=True)
+    path = write(tmp_path_factory.mktemp("ds") / "ds", corpus, shard_tokens=40)
+    target = path / f"00000.{suffix}"
+    raw = bytearray(target.read_bytes())
+    for _ in range(data.draw(st.integers(1, 4))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    target.write_bytes(bytes(raw))
+    try:
+        _read_all(path)
+    except FormatError as error:
+        assert error.path is not None and error.field is not None
+    assert isinstance(stream.verify(path), list)

@@ -123,9 +123,12 @@ def window_segments(
         table = docs[s]
         k0 = np.searchsorted(table, a, side="right") - 1
         k1 = np.searchsorted(table, a + m, side="left")
-        if k0 < 0 or k1 <= k0 or k1 >= table.shape[0] + 1:
+        # Offsets must rise from k0 to k1 and bracket [a, a + m); else the file lies.
+        if k0 < 0 or k1 <= k0 or k1 >= table.shape[0]:
             return nseg, np.empty(0, np.int32), nseg, nseg, BAD_DOCS, s
-        for j in range(k0, min(k1, table.shape[0] - 1)):
+        if not table[k0] <= a < table[k0 + 1] or not table[k1 - 1] < a + m <= table[k1]:
+            return nseg, np.empty(0, np.int32), nseg, nseg, BAD_DOCS, s
+        for j in range(k0, k1):
             if table[j] >= table[j + 1]:
                 return nseg, np.empty(0, np.int32), nseg, nseg, BAD_DOCS, s
         nseg[b] += k1 - k0
