@@ -167,7 +167,7 @@ def test_many_random_byte_mutations(seed: int) -> None:
         check(bytes(buffer))
 
 
-def test_fuzzed_files_through_safe_open(tmp_path: Path) -> None:
+def test_fuzzed_files_through_safe_open_and_describe(tmp_path: Path) -> None:
     rng = random.Random(7)
     path = tmp_path / "fuzzed"
     opened = 0
@@ -176,6 +176,7 @@ def test_fuzzed_files_through_safe_open(tmp_path: Path) -> None:
         buffer[rng.randrange(len(buffer))] = rng.randrange(256)
         path.write_bytes(bytes(buffer))
         try:
+            assert str(path) in zt.describe(path)
             with zt.safe_open(path, "pt") as file:
                 for name in file.keys():  # noqa: SIM118
                     file.get_tensor(name)
