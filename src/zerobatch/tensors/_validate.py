@@ -42,22 +42,22 @@ def _walk(order: Any, bits: Any, codes: Any, dims: Any, starts: Any, begins: Any
             if dim == 0:
                 empty = True
             elif span > _BIT_LIMIT // dim:
-                return _OVERFLOW, row, 0
+                return _OVERFLOW, row, np.uint64(0)
             else:
                 span *= dim
         total = np.uint64(0) if empty else span
         if total % np.uint64(8) != 0:
-            return _PARTIAL_BYTE, row, 0
+            return _PARTIAL_BYTE, row, np.uint64(0)
         begin = begins[row]
         end = ends[row]
         if end < begin:
-            return _REVERSED, row, 0
+            return _REVERSED, row, np.uint64(0)
         if begin > expected:
-            return _HOLE, row, 0
+            return _HOLE, row, np.uint64(0)
         if begin < expected:
-            return _OVERLAP, row, 0
+            return _OVERLAP, row, np.uint64(0)
         if end - begin != total // np.uint64(8):
-            return _SIZE, row, 0
+            return _SIZE, row, np.uint64(0)
         expected = end
     return _OK, -1, expected
 
