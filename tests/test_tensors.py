@@ -325,3 +325,15 @@ def test_jax_reads_and_writes(fmt: str, tmp_path: Path) -> None:
     np.testing.assert_array_equal(np.asarray(part), tensors["i"][:, ::2])
     as_jax = {name: jnp.asarray(array) for name, array in tensors.items()}
     assert zt.save(as_jax, format=fmt) == zt.save(tensors, format=fmt)
+
+
+def test_cli_inspect_bintensors_and_a_corrupt_file(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "model.bt"
+    zt.save_file({"w": np.zeros((2, 3), np.float16)}, path, {"step": "10"})
+    assert main(["inspect", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "bintensors" in out and "'step': '10'" in out and "w     F16    [2, 3]" in out
+    path.write_bytes(path.read_bytes()[:-1])
+    assert main(["inspect", str(path)]) == 1
+    assert "file seems not fully written?" in capsys.readouterr().err

@@ -6,6 +6,21 @@ to a multiple of 8, then the tensors' bytes, little-endian, C order, packed
 back to back from offset 0. bintensors encodes the header with bincode,
 safetensors with JSON; readers tell them apart by the header's first byte.
 See ``docs/FORMAT.md`` for every byte.
+
+Example (the bytes equal ``bintensors.numpy.save`` of the same input)::
+
+    >>> import numpy as np
+    >>> from zerobatch import tensors
+    >>> data = tensors.save({"w": np.array([[1.0, 2.0]], np.float32)})
+    >>> data[:8] == (16).to_bytes(8, "little") and len(data) == 32
+    True
+    >>> tensors.load(data)["w"].tolist()
+    [[1.0, 2.0]]
+
+Reading never copies on the CPU: NumPy arrays are read-only views of a memory
+map, PyTorch tensors writable views of a private copy-on-write map. Every
+header is checked completely before any tensor is handed out; a malformed
+file raises :class:`zerobatch.FormatError` naming the file, tensor and field.
 """
 
 from __future__ import annotations
