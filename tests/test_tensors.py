@@ -337,3 +337,10 @@ def test_cli_inspect_bintensors_and_a_corrupt_file(tmp_path: Path,
     path.write_bytes(path.read_bytes()[:-1])
     assert main(["inspect", str(path)]) == 1
     assert "file seems not fully written?" in capsys.readouterr().err
+
+
+def test_docstring_examples() -> None:
+    import doctest
+
+    result = doctest.testmod(zt)
+    assert result.attempted > 0 and result.failed == 0
