@@ -226,20 +226,3 @@ def test_closed_dataset_refuses_reads(tmp_path: Path) -> None:
     ds.close()
     with pytest.raises(ValueError, match="closed"):
         windows.read([1])
-
-
-def test_batch_buffers_recycled_only_when_unused(tmp_path: Path) -> None:
-    corpus = random_corpus(np.random.default_rng(9), docs=20, max_len=50)
-    windows = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None)).windows(16)
-    first = windows.read([0, 1])
-    kept = first["input_ids"].copy()
-    second = windows.read([2, 3])
-    assert not np.shares_memory(first["input_ids"], second["input_ids"])
-    third = windows.read([4, 5])
-    np.testing.assert_array_equal(first["input_ids"], kept)
-    address = first["input_ids"].ctypes.data
-    del first
-    again = windows.read([6, 7])
-    assert again["input_ids"].ctypes.data == address  # the idle buffer came back
-    for batch, start in ((second, 32), (third, 64), (again, 96)):
-        np.testing.assert_array_equal(batch["input_ids"][0], corpus.tokens[start : start + 16])
