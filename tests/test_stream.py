@@ -226,3 +226,32 @@ def test_closed_dataset_refuses_reads(tmp_path: Path) -> None:
     ds.close()
     with pytest.raises(ValueError, match="closed"):
         windows.read([1])
+
+
+def test_batch_buffers_recycled_only_when_unused(tmp_path: Path) -> None:
+    corpus = random_corpus(np.random.default_rng(9), docs=20, max_len=50)
+    windows = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None)).windows(16)
+    first = windows.read([0, 1])
+    kept = first["input_ids"].copy()
+    second = windows.read([2, 3])
+    assert not np.shares_memory(first["input_ids"], second["input_ids"])
+    third = windows.read([4, 5])
+    np.testing.assert_array_equal(first["input_ids"], kept)
+    address = first["input_ids"].ctypes.data
+    del first
+    again = windows.read([6, 7])
+    assert again["input_ids"].ctypes.data == address  # the idle buffer came back
+    for batch, start in ((second, 32), (third, 64), (again, 96)):
+        np.testing.assert_array_equal(batch["input_ids"][0], corpus.tokens[start : start + 16])
+
+
+def test_documents_survive_later_reads(tmp_path: Path) -> None:
+    corpus = random_corpus(np.random.default_rng(4), docs=10, max_len=30)
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None))
+    kept = [ds.documents(dtype=dtype).read([3, 1]) for dtype in ("int64", "int32", "stored")]
+    for i in range(20):
+        ds.documents().read([i % 10])
+        ds.windows(8).read([i % len(ds.windows(8))])
+    for batch in kept:
+        np.testing.assert_array_equal(batch["input_ids"][0], corpus.docs[3])
+        np.testing.assert_array_equal(batch["input_ids"][1], corpus.docs[1])

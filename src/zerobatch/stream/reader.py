@@ -27,6 +27,7 @@ from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage
 from zerobatch.stream import _kernels as k
+from zerobatch.stream._arena import ALIGN, Arena, carve
 from zerobatch.stream.manifest import (
     DOCS,
     META_DATA,
@@ -92,6 +93,7 @@ class Dataset:
         self._handles = {kind: np.full(len(shards), -1, dtype=np.int64)
                          for kind in (TOKENS, META_INDEX, META_DATA)}
         self._docs: typed.List | None = None
+        self._arena = Arena()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -202,10 +204,9 @@ class Dataset:
                 self._docs = tables
             return self._docs
 
-    def _read_records(self, pieces: npt.NDArray[np.int64], total: int) -> np.ndarray:
-        """Read ``pieces`` into a fresh buffer of ``total`` records."""
+    def _read_records(self, pieces: npt.NDArray[np.int64], buffer: np.ndarray) -> np.ndarray:
+        """Read ``pieces`` into ``buffer`` (uint8, whole records); returns the records."""
         itemsize = self._manifest.record_dtype.itemsize
-        buffer = np.empty(total * itemsize, dtype=np.uint8)
         self._read(TOKENS, pieces[:, k.SHARD], pieces[:, k.START] * itemsize,
                    pieces[:, k.LENGTH] * itemsize, buffer, pieces[:, k.DEST] * itemsize)
         return buffer.view(self._manifest.record_dtype)
@@ -312,8 +313,19 @@ class TokenWindows:
         if bad >= 0:
             raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
         b_count = idx.shape[0]
-        records = ds._read_records(pieces, b_count * n)
         manifest = ds.manifest
+        # One buffer per batch, recycled once the batch is gone: records, then outputs.
+        out_dtype = self._dtype or np.dtype(np.int32)
+        pos_dtype = np.dtype(np.int64 if self._dtype == np.int64 else np.int32)
+        shape = (b_count, seq_len)
+        record_bytes = b_count * n * manifest.record_dtype.itemsize
+        outputs = 0 if self._dtype is None else 1 + int(self._labels)
+        buffer = ds._arena.take(
+            record_bytes + 4 * ALIGN + (outputs * out_dtype.itemsize + pos_dtype.itemsize) * b_count
+            * seq_len
+        )
+        raw, offset = carve(buffer, 0, np.uint8, (record_bytes,))
+        records = ds._read_records(pieces, raw)
         field = manifest.token_field
         tokens = (records if field is None else records[field]).reshape(b_count, n)
         columns: dict[str, Any] = {}
@@ -322,14 +334,14 @@ class TokenWindows:
             if self._labels:
                 columns["labels"] = tokens[:, 1:]
         else:
-            inputs = np.empty((b_count, seq_len), dtype=self._dtype)
-            labels = np.empty((b_count if self._labels else 0, seq_len), dtype=self._dtype)
+            inputs, offset = carve(buffer, offset, self._dtype, shape)
+            labels, offset = carve(buffer, offset, self._dtype,
+                                   shape if self._labels else (0, seq_len))
             k.decode_tokens(tokens, seq_len, inputs, labels)
             columns["input_ids"] = inputs
             if self._labels:
                 columns["labels"] = labels
-        pos_dtype = np.int64 if self._dtype == np.int64 else np.int32
-        positions = np.empty((b_count, seq_len), dtype=pos_dtype)
+        positions, offset = carve(buffer, offset, pos_dtype, shape)
         cu_off, cu, doc_off, doc_ids, code, shard = k.window_segments(
             pieces, b_count, n, seq_len, ds._docs_tables(), ds._doc_starts, positions
         )
@@ -383,11 +395,18 @@ class Documents:
         if bad >= 0:
             raise IndexError(f"document {int(idx[bad])} is out of range for {len(self)}")
         ds._check(code, shard)
-        records = ds._read_records(pieces, int(offsets[-1]))
+        total = int(offsets[-1])
+        record_bytes = total * ds.manifest.record_dtype.itemsize
+        out_bytes = 0 if self._dtype is None else total * self._dtype.itemsize
+        buffer = ds._arena.take(record_bytes + ALIGN + out_bytes)
+        raw, offset = carve(buffer, 0, np.uint8, (record_bytes,))
+        records = ds._read_records(pieces, raw)
         field = ds.manifest.token_field
         tokens = records if field is None else records[field]
-        # The cast is a copy by nature; "stored" keeps a view of the read buffer.
-        values = tokens if self._dtype is None else tokens.astype(self._dtype)
+        values = tokens  # "stored": a view of the read buffer
+        if self._dtype is not None:
+            values, _ = carve(buffer, offset, self._dtype, (total,))
+            np.copyto(values, tokens, casting="unsafe")
         columns: dict[str, Any] = {"input_ids": Jagged(values, offsets), "doc_ids": idx}
         for name in ds.manifest.fields:
             columns[name] = Jagged(records[name], offsets)
