@@ -15,7 +15,7 @@ import numpy as np
 from zerobatch.errors import FormatError
 from zerobatch.tensors import _bincode, _safetensors_header
 from zerobatch.tensors._dtypes import BINTENSORS_CODE, BINTENSORS_ID
-from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header
+from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header, cut_strings
 from zerobatch.tensors._validate import check_layout
 
 __all__ = ["LENGTH_SIZE", "detect", "encode_header", "read_header"]
@@ -60,12 +60,12 @@ def _duplicate(names: list[str], *, path: object) -> FormatError:
     return FormatError(f"tensor name {name!r} appears twice", path=path, field=name)
 
 
-def _utf8(header: bytes, start: int, length: int, what: str, *, path: object) -> str:
+def _is_utf8(raw: bytes) -> bool:
     try:
-        return header[start : start + length].decode("utf-8")
+        raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise FormatError(f"{what} at header byte {start + LENGTH_SIZE} is not valid UTF-8",
-                          path=path, field=what) from None
+        return False
+    return True
 
 
 def _read_bintensors(raw: bytes, *, path: object) -> tuple[Any, ...]:
@@ -78,19 +78,21 @@ def _read_bintensors(raw: bytes, *, path: object) -> tuple[Any, ...]:
                           field=field)
     metadata = None
     if has_meta:
-        metadata = {
-            _utf8(raw, k, kl, "metadata key", path=path): _utf8(raw, v, vl, "metadata value",
-                                                                path=path)
-            for (k, kl), (v, vl) in meta.tolist()
-        }
-    firsts = spans[:, 0].tolist()
-    lasts = (spans[:, 0] + spans[:, 1]).tolist()
-    if ascii_names:
-        text = raw.decode("latin-1")
-        names = [text[first:last] for first, last in zip(firsts, lasts, strict=True)]
-    else:
-        names = [_utf8(raw, first, last - first, "tensor name", path=path)
-                 for first, last in zip(firsts, lasts, strict=True)]
+        try:
+            keys = cut_strings(raw, meta[:, 0, 0], meta[:, 0, 0] + meta[:, 0, 1])
+            values = cut_strings(raw, meta[:, 1, 0], meta[:, 1, 0] + meta[:, 1, 1])
+        except UnicodeDecodeError:
+            raise FormatError("a metadata key or value is not valid UTF-8", path=path,
+                              field="__metadata__") from None
+        metadata = dict(zip(keys, values, strict=True))
+    firsts, lasts = spans[:, 0], spans[:, 0] + spans[:, 1]
+    try:
+        names = cut_strings(raw.decode("latin-1") if ascii_names else raw, firsts, lasts)
+    except UnicodeDecodeError:
+        bad = next(row for row, (first, last) in enumerate(zip(firsts, lasts, strict=True))
+                   if not _is_utf8(raw[first:last]))
+        raise FormatError(f"tensor #{bad}: name at header byte {firsts[bad] + LENGTH_SIZE} is "
+                          "not valid UTF-8", path=path, field="tensor name") from None
     return metadata, names, _ID_TO_CODE[ids], dims, starts, begins, ends
 
 

@@ -9,13 +9,39 @@ import numpy as np
 
 from zerobatch.tensors._dtypes import DTYPES
 
-__all__ = ["BINTENSORS", "FORMATS", "HEADER_LIMIT", "SAFETENSORS", "Header", "TensorInfo"]
+__all__ = [
+    "BINTENSORS",
+    "FORMATS",
+    "HEADER_LIMIT",
+    "SAFETENSORS",
+    "Header",
+    "TensorInfo",
+    "cut_strings",
+]
 
 BINTENSORS = "bintensors"
 SAFETENSORS = "safetensors"
 FORMATS = (BINTENSORS, SAFETENSORS)
 HEADER_LIMIT = 100_000_000
 """Largest header (bytes after the 8-byte length) either reader accepts."""
+
+_CHUNK = 1 << 16
+
+
+def cut_strings(source: str | bytes, starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]
+                ) -> list[str]:
+    """``source[start:end]`` for each pair, as str (bytes are decoded as UTF-8,
+    raising UnicodeDecodeError). Offsets become Python ints a chunk at a time,
+    so the temporary lists stay small next to the strings themselves."""
+    result: list[str] = []
+    for first in range(0, len(starts), _CHUNK):
+        pairs = zip(starts[first : first + _CHUNK].tolist(),
+                    ends[first : first + _CHUNK].tolist(), strict=True)
+        if isinstance(source, str):
+            result += [source[start:end] for start, end in pairs]
+        else:
+            result += [source[start:end].decode("utf-8") for start, end in pairs]
+    return result
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 It accepts exactly the JSON grammar restricted to the safetensors schema
 (any whitespace, any key order inside an entry) and returns byte spans and
 numbers in columns; strings are unescaped and UTF-8-checked by the caller.
-Arrays are sized from the header length before scanning, never from a count
-read from the file.
+Arrays are sized from byte counts of the header (quotes, commas, brackets)
+before scanning, never from a number read from the file.
 """
 
 from __future__ import annotations
@@ -148,19 +148,23 @@ def _fail(code: Any, pos: Any, row: Any) -> Any:
 
 
 @numba.njit(cache=True, nogil=True)
-def scan(h: Any, table: Any, lengths: Any) -> Any:
+def scan(h: Any, table: Any, lengths: Any, strings: Any, numbers: Any) -> Any:
     """Scan header bytes ``h``; ``table``/``lengths`` hold the dtype strings by code.
+
+    ``strings`` and ``numbers`` bound how many strings and integers ``h`` can
+    hold (half its quote count; its commas and opening brackets); the output
+    arrays are sized from them, and every write is checked against them.
 
     Returns ``(error, position, row, has_metadata, meta_spans, name_spans, codes,
     dims, dim_starts, begins, ends)``. Spans are ``(start, end, escaped)`` of
     string contents (between the quotes); meta_spans rows alternate key, value.
     """
     n = h.size
-    rows = n // 40 + 1
+    rows = strings // 5 + 1
     names = np.empty((rows, 3), np.int64)
-    meta = np.empty((n // 3 + 2, 3), np.int64)
+    meta = np.empty((strings + 1, 3), np.int64)
     codes = np.empty(rows, np.uint8)
-    dims = np.empty(n // 2 + 1, np.uint64)
+    dims = np.empty(numbers + 1, np.uint64)
     starts = np.empty(rows + 1, np.int64)
     begins = np.empty(rows, np.uint64)
     ends = np.empty(rows, np.uint64)
@@ -195,6 +199,8 @@ def scan(h: Any, table: Any, lengths: Any) -> Any:
                 else:
                     while True:
                         for _ in range(2):
+                            if n_meta >= meta.shape[0]:
+                                return _fail(_SYNTAX, pos, -1)
                             meta[n_meta, 0] = pos + 1
                             end, pos, escaped, err = _string(h, pos)
                             if err:
@@ -255,6 +261,8 @@ def scan(h: Any, table: Any, lengths: Any) -> Any:
                                 dim, pos, err = _uint(h, pos)
                                 if err:
                                     return _fail(err, pos, row)
+                                if used >= dims.size:
+                                    return _fail(_SYNTAX, pos, row)
                                 dims[used] = dim
                                 used += 1
                                 pos = _skip_ws(h, pos)

@@ -18,11 +18,13 @@ import numpy as np
 from zerobatch.errors import FormatError
 from zerobatch.tensors import _json_scan
 from zerobatch.tensors._dtypes import DTYPES
+from zerobatch.tensors._header import cut_strings
 
 __all__ = ["METADATA_KEY", "decode", "encode"]
 
 METADATA_KEY = "__metadata__"
 _LENGTH_SIZE = 8
+_QUOTE, _COMMA, _BRACKET = b'"'[0], b","[0], b"["[0]
 
 _TABLE = np.zeros((len(DTYPES), 16), np.uint8)
 _LENGTHS = np.array([len(d.name) for d in DTYPES], np.int64)
@@ -34,17 +36,13 @@ def _strings(raw: bytes, text: str | None, spans: np.ndarray[Any, Any], *,
              path: object) -> list[str]:
     """The strings at ``spans`` rows (start, end, escaped); ``text`` is the
     header decoded when it is pure ASCII, so byte offsets are character offsets."""
-    starts, ends = spans[:, 0].tolist(), spans[:, 1].tolist()
-    if text is not None:
-        result = [text[start:end] for start, end in zip(starts, ends, strict=True)]
-    else:
-        result = [raw[start:end].decode("utf-8") for start, end in zip(starts, ends, strict=True)]
+    result = cut_strings(raw if text is None else text, spans[:, 0], spans[:, 1])
     for row in np.flatnonzero(spans[:, 2]).tolist():
         value = json.loads(f'"{result[row]}"')
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise FormatError(f"string at header byte {starts[row] + _LENGTH_SIZE} escapes a "
+            raise FormatError(f"string at header byte {spans[row, 0] + _LENGTH_SIZE} escapes a "
                               "lone surrogate", path=path, field="header") from None
         result[row] = value
     return result
@@ -58,8 +56,10 @@ def decode(raw: bytes, *, path: object) -> tuple[Any, ...]:
     except UnicodeDecodeError as error:
         raise FormatError(f"header is not valid UTF-8 ({error.reason} at header byte "
                           f"{error.start + _LENGTH_SIZE})", path=path, field="header") from None
+    h = np.frombuffer(raw, np.uint8)
     (error_code, pos, row, has_meta, meta, spans, codes, dims, starts, begins,
-     ends) = _json_scan.scan(np.frombuffer(raw, np.uint8), _TABLE, _LENGTHS)
+     ends) = _json_scan.scan(h, _TABLE, _LENGTHS, np.count_nonzero(h == _QUOTE) // 2,
+                             np.count_nonzero(h == _COMMA) + np.count_nonzero(h == _BRACKET))
     if error_code:
         message, field = _json_scan.ERRORS[error_code]
         where = f"tensor #{row}: " if row >= 0 else ""

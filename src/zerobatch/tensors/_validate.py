@@ -13,7 +13,7 @@ from zerobatch.errors import FormatError
 from zerobatch.tensors._dtypes import DTYPES
 from zerobatch.tensors._header import BINTENSORS, Header
 
-__all__ = ["check_layout"]
+__all__ = ["MAX_DIMS", "check_layout"]
 
 _OK = 0
 _OVERFLOW = 1
@@ -22,6 +22,10 @@ _REVERSED = 3
 _HOLE = 4
 _OVERLAP = 5
 _SIZE = 6
+_TOO_MANY_DIMS = 7
+
+MAX_DIMS = 64
+"""Most dimensions a tensor may have: NumPy's limit."""
 
 _BITS = np.array([d.bits for d in DTYPES], np.uint64)
 _BIT_LIMIT = np.uint64(2**63 - 1)
@@ -35,6 +39,8 @@ def _walk(order: Any, bits: Any, codes: Any, dims: Any, starts: Any, begins: Any
     """(error, row, end of the last tensor) walking rows in ``order`` from offset 0."""
     expected = np.uint64(0)
     for row in order:
+        if starts[row + 1] - starts[row] > MAX_DIMS:
+            return _TOO_MANY_DIMS, row, np.uint64(0)
         span = bits[codes[row]]
         empty = False
         for k in range(starts[row], starts[row + 1]):
@@ -63,6 +69,10 @@ def _walk(order: Any, bits: Any, codes: Any, dims: Any, starts: Any, begins: Any
 
 
 def _message(code: int, header: Header, row: int) -> tuple[str, str]:
+    if code == _TOO_MANY_DIMS:
+        ndim = int(header.dim_starts[row + 1] - header.dim_starts[row])
+        return (f"tensor {header.names[row]!r}: {ndim} dimensions, more than the "
+                f"{MAX_DIMS} NumPy supports", "shape")
     info = header.info(row)
     where = f"tensor {info.name!r} ({info.dtype}, shape {list(info.shape)})"
     if code == _OVERFLOW:
