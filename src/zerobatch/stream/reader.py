@@ -133,7 +133,7 @@ class Dataset:
         self.close()
 
     def close(self) -> None:
-        """Close every file; idempotent. Reads afterwards raise ``OSError``."""
+        """Close every file; idempotent. Reads afterwards raise ``ValueError``."""
         with self._lock:
             self._closed = True
             for handles in self._handles.values():
@@ -364,8 +364,8 @@ class Documents:
     ``read(indices)`` returns a ``Batch`` with jagged ``input_ids``, jagged
     per-token fields, ``doc_ids`` (``[B]`` int64) and, with span metadata,
     ``metadata``: per document a list of ``(start, end, value)`` in document
-    coordinates (a document's own metadata is ``(0, len, value)``). Immutable
-    and thread-safe.
+    coordinates (a document's own metadata is ``(0, len, value)``), clipped to
+    ``max_len``. ``dtype`` is as for ``TokenWindows``. Immutable and thread-safe.
     """
 
     def __init__(
