@@ -66,10 +66,13 @@ class TensorSlice:
 class safe_open:
     """Open a bintensors or safetensors file (detected from its bytes).
 
-    The header is parsed and checked completely here; tensors are views over
-    one memory map (read-only for NumPy and JAX, copy-on-write for PyTorch).
-    Tensors stay valid after the file is closed. Not thread-safe to close
-    while another thread reads.
+    ``framework`` is ``"np"``/``"numpy"``, ``"pt"``/``"torch"`` or
+    ``"jax"``/``"flax"``. The header is parsed and checked completely here;
+    tensors are views over one memory map (read-only for NumPy and JAX,
+    copy-on-write for PyTorch: writes to a tensor never reach the file, but
+    later reads through the same handle see them). Tensors stay valid after
+    the file is closed. Reads may run from several threads; closing while
+    another thread reads is not safe.
     """
 
     def __init__(self, path: str | os.PathLike[str], framework: str, device: str | int = "cpu"
