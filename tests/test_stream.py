@@ -255,3 +255,17 @@ def test_documents_survive_later_reads(tmp_path: Path) -> None:
     for batch in kept:
         np.testing.assert_array_equal(batch["input_ids"][0], corpus.docs[3])
         np.testing.assert_array_equal(batch["input_ids"][1], corpus.docs[1])
+
+
+def test_many_spans_per_window(tmp_path: Path) -> None:
+    with stream.StreamWriter(tmp_path / "ds", metadata="msgpack", shard_tokens=700) as writer:
+        for d in range(3):
+            writer.add_document(np.arange(600) % 50,
+                                spans=[(t, t + 1, d * 1000 + t) for t in range(0, 600, 2)])
+    windows = stream.open_dataset(tmp_path / "ds").windows(500, stride=250)
+    batch = windows.read(np.arange(len(windows)))
+    for row, i in enumerate(range(len(windows))):
+        start = i * 250
+        want = [(g - start, g - start + 1, (g // 600) * 1000 + g % 600)
+                for g in range(start, start + 500) if g % 2 == 0]
+        assert batch["metadata"][row] == want

@@ -213,8 +213,8 @@ def meta_runs(
     Within a piece entry ids must rise by exactly one from run to run.
     """
     b_count = obs_begin.shape[0]
-    starts = np.empty(meta_ids.shape[0], np.int64)
-    ends = np.empty(meta_ids.shape[0], np.int64)
+    starts = np.empty(64 + b_count * 64, np.int64)  # grown by doubling when full
+    ends = np.empty(starts.shape[0], np.int64)
     run_offsets = np.zeros(b_count + 1, np.int64)
     requests = np.empty((pieces.shape[0], 5), np.int64)
     r = 0
@@ -240,6 +240,9 @@ def meta_runs(
             elif value != last + 1:
                 return starts, ends, run_offsets, requests, 0, META_ORDER, s
             last = value
+            if r == starts.shape[0]:
+                starts = np.concatenate((starts, np.empty(r, np.int64)))
+                ends = np.concatenate((ends, np.empty(r, np.int64)))
             starts[r] = t - obs_begin[b]
             t = _run_end(meta_ids, t, hi, mid)
             ends[r] = t - obs_begin[b]

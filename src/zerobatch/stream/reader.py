@@ -306,7 +306,8 @@ class TokenWindows:
         return self._seq_len
 
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
-        """The windows at ``indices`` (any order, repeats allowed) as one Batch."""
+        """The windows at ``indices`` (``0 <= i < len``, any order, repeats
+        allowed) as one Batch."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
         idx = _indices(indices)
         pieces, bad = k.plan_windows(idx, self._stride, n, self._len, ds._shard_starts)
@@ -386,7 +387,8 @@ class Documents:
         return f"Documents(max_len={self._max_len}, len={len(self)})"
 
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
-        """The documents at ``indices`` (any order, repeats allowed) as one Batch."""
+        """The documents at ``indices`` (``0 <= i < len``, any order, repeats
+        allowed) as one Batch."""
         ds = self._ds
         idx = _indices(indices)
         pieces, offsets, bad, code, shard = k.plan_documents(
