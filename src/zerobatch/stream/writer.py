@@ -124,10 +124,10 @@ def _check_fields(fields: Mapping[str, Any] | None) -> dict[str, np.dtype]:
     for name, spec in (fields or {}).items():
         if not isinstance(name, str) or not name.isidentifier() or name in (TOKEN, META_ID):
             raise ValueError(f"fields: {name!r} is not a usable field name")
-        dtype = np.dtype(spec).newbyteorder("<") if np.dtype(spec).itemsize > 1 else np.dtype(spec)
+        dtype = np.dtype(spec)
         if dtype.kind not in "iufb" or dtype.names is not None or dtype.shape:
             raise ValueError(f"fields: {name!r} must be a scalar numeric dtype, got {dtype}")
-        out[name] = dtype
+        out[name] = dtype.newbyteorder("<")
     return out
 
 
