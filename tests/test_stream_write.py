@@ -117,7 +117,7 @@ def _write_part(args: tuple[str, int]) -> str:
 
 def test_parallel_writers_combined(tmp_path: Path) -> None:
     jobs = [(str(tmp_path / f"part{k}"), k) for k in range(4)]
-    with multiprocessing.get_context("spawn").Pool(2) as pool:
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
         parts = pool.map(_write_part, jobs)
     docs, spans, masks = [], [], []
     for k in range(4):
