@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,14 +99,19 @@ def _meta_ids(records: np.ndarray, docs: np.ndarray, entries: int) -> str | None
 
 
 def _check_entries(folder: Path, shard: Shard, serializer: Any) -> str | None:
-    index = np.fromfile(folder / shard.file(META_INDEX), dtype=OFFSET_DTYPE)
-    data = np.fromfile(folder / shard.file(META_DATA), dtype=np.uint8)
-    view = data.data
-    for k in range(index.shape[0] - 1):
+    index = np.fromfile(folder / shard.file(META_INDEX), dtype=OFFSET_DTYPE).tolist()
+    path = folder / shard.file(META_DATA)
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) \
+            if path.stat().st_size else contextlib.nullcontext(b"") as data:
+        view = memoryview(data)
         try:
-            serializer.loads(view[int(index[k]) : int(index[k + 1])])
-        except Exception as error:
-            return f"entry {k} does not decode ({type(error).__name__}: {error})"
+            for k in range(len(index) - 1):
+                try:
+                    serializer.loads(view[index[k] : index[k + 1]])
+                except Exception as error:
+                    return f"entry {k} does not decode ({type(error).__name__}: {error})"
+        finally:
+            view.release()
     return None
 
 
