@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from zerobatch._text import format_table
 from zerobatch.batch_format import (
     HEADER_SIZE,
     MAGIC,
@@ -526,5 +527,4 @@ def describe(path: str | os.PathLike[str]) -> str:
             ("file_bytes", f"{size:,}"),
             ("bytes_per_token", f"{size / tokens:.3f}"),
         ]
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+    return format_table(rows)

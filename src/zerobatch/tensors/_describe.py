@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from zerobatch._text import format_table
 from zerobatch.errors import FormatError
 from zerobatch.tensors._format import LENGTH_SIZE, detect
 from zerobatch.tensors._open import safe_open
@@ -24,12 +25,6 @@ def is_tensor_file(path: str | os.PathLike[str]) -> bool:
     except FormatError:
         return False
     return True
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[k]) for row in rows) for k in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-            for row in rows]
 
 
 def describe(path: str | os.PathLike[str]) -> str:
@@ -54,4 +49,4 @@ def describe(path: str | os.PathLike[str]) -> str:
             info = header.info(header.index[name])
             rows.append([name, info.dtype, str(list(info.shape)), str(info.begin), str(info.end),
                          str(info.end - info.begin)])
-    return "\n".join([*lines, *_table(rows)])
+    return "\n".join([*lines, format_table(rows)])
