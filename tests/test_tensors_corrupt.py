@@ -13,29 +13,12 @@ import bintensors
 import numpy as np
 import pytest
 import safetensors
+from bincode_bytes import framed, text, varint
 
 import zerobatch.tensors as zt
 from zerobatch.errors import FormatError
 
 F32, I8 = 11, 2  # bintensors dtype ids
-
-
-def varint(value: int) -> bytes:
-    if value < 251:
-        return bytes([value])
-    for tag, width in ((251, 2), (252, 4), (253, 8)):
-        if value < 1 << (8 * width):
-            return bytes([tag]) + value.to_bytes(width, "little")
-    raise ValueError(value)
-
-
-def text(value: bytes) -> bytes:
-    return varint(len(value)) + value
-
-
-def framed(header: bytes, data: bytes = b"", *, pad: bytes = b" ") -> bytes:
-    header += pad * (-len(header) % 8)
-    return struct.pack("<Q", len(header)) + header + data
 
 
 def bt(entries: list[tuple[bytes, int, list[int], int, int]], data: bytes = b"",
