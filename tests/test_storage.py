@@ -51,3 +51,15 @@ def test_readinto_map_size_close(storage: LocalStorage) -> None:
     storage.close()
     with pytest.raises(OSError):
         storage.readinto(handle, 0, buffer)
+
+
+def test_read_into_after_close_and_empty_file(storage: LocalStorage) -> None:
+    a, empty = storage.open("a"), storage.open("empty")
+    buffer = np.zeros(4, dtype=np.uint8)
+    assert storage.read_into(np.array([empty]), np.array([0]), np.array([0]), buffer,
+                             np.array([0])) == -1
+    assert storage.read_into(np.array([empty]), np.array([0]), np.array([1]), buffer,
+                             np.array([0])) == 0
+    storage.close()
+    with pytest.raises(OSError, match="not open"):
+        storage.read_into(np.array([a]), np.array([0]), np.array([2]), buffer, np.array([0]))
