@@ -23,6 +23,19 @@ def token_batch() -> Batch:
     )
 
 
+def test_trusted_fast_path_matches_from_columns() -> None:
+    public = token_batch()
+    schema = dict(public.meta.field_schema)
+    fast = Batch._trusted(public.to_numpy(), np.array([4, 5, 6]), schema)
+    assert fast.fields == public.fields and len(fast) == 3
+    assert dict(fast.meta.field_schema) == schema
+    assert fast.meta.global_indexes == [4, 5, 6] and fast.meta.is_ready
+    assert fast.meta.partition_ids == ["", "", ""]
+    assert fast["cu_seqlens"][1].tolist() == [0, 4]
+    Batch(fast.meta, fast.to_numpy())  # what it built passes the checks it skipped
+    assert Batch.from_frames(fast.to_frames())["metadata"] == public["metadata"]
+
+
 def test_contract_for_readers() -> None:
     batch = token_batch()
     assert len(batch) == 3
