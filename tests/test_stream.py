@@ -12,16 +12,36 @@ from hypothesis import strategies as st
 from test_stream_helpers import Corpus, random_corpus, write
 
 from zerobatch import stream
+from zerobatch.columnar import Batch, BatchMeta
 from zerobatch.shuffle import Feistel
 
 _settings = settings(max_examples=25, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
+def _same_as_validated(batch: Batch) -> None:
+    """The reader's unchecked fast path builds what the validating constructors build."""
+    Batch(batch.meta, batch.to_numpy())  # every column matches its schema
+    indexes = np.asarray(batch.meta.global_indexes)
+    again = Batch.from_columns(batch.to_numpy(), BatchMeta(indexes, production_status=np.ones(
+        len(indexes))))
+    assert batch.fields == again.fields
+    for name in batch.fields:
+        ours, theirs = batch.meta.field_schema[name], again.meta.field_schema[name]
+        assert ours == theirs and str(ours.dtype) == str(theirs.dtype), name
+    assert batch.meta.partition_ids == again.meta.partition_ids
+    np.testing.assert_array_equal(batch.meta.production_status, again.meta.production_status)
+    assert batch.meta.extra_info == again.meta.extra_info == {}
+    assert batch.meta.custom_meta == again.meta.custom_meta == {}
+    for name in ("cu_seqlens", "doc_ids"):
+        assert batch[name].offsets[0] == 0 and (np.diff(batch[name].offsets) >= 0).all()
+
+
 def _check_windows(ds: stream.Dataset, corpus: Corpus, seq_len: int, stride: int,
                    indices: np.ndarray) -> None:
     windows = ds.windows(seq_len, stride=stride)
     batch = windows.read(indices)
+    _same_as_validated(batch)
     assert batch.meta.global_indexes.tolist() == indices.tolist()
     for row, i in enumerate(indices.tolist()):
         want = corpus.window(i * stride, seq_len)
@@ -85,6 +105,8 @@ def test_token_dtypes(tmp_path: Path, dtype: str) -> None:
     np.testing.assert_array_equal(inputs[1], corpus.tokens[16:24])
     np.testing.assert_array_equal(labels[1], corpus.tokens[17:25])
     assert np.shares_memory(inputs, labels) == (dtype == "stored")
+    _same_as_validated(batch)
+    _same_as_validated(ds.windows(8, dtype=dtype).read([]))
     assert batch.to_torch()["input_ids"].shape == (2, 8)
 
 
@@ -95,6 +117,7 @@ def test_labels_false_and_short_dataset(tmp_path: Path) -> None:
     windows = ds.windows(10, labels=False)
     assert len(windows) == 1
     batch = windows.read([0])
+    _same_as_validated(batch)
     assert "labels" not in batch.fields
     assert batch["input_ids"][0].tolist() == list(range(10))
     with pytest.raises(IndexError, match="out of range"):

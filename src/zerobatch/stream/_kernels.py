@@ -18,12 +18,11 @@ __all__ = [
     "BAD_META_ID",
     "META_ORDER",
     "OK",
-    "decode_tokens",
     "meta_data_requests",
     "meta_runs",
     "plan_documents",
     "plan_windows",
-    "window_segments",
+    "window_columns",
 ]
 
 OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX = 0, 1, 2, 3, 4
@@ -104,16 +103,21 @@ def plan_documents(
 
 
 @njit(nogil=True, cache=True)
-def window_segments(
-    pieces: np.ndarray, b_count: int, n: int, seq_len: int,
-    docs: list, doc_starts: np.ndarray, positions: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Document segments of each window's first ``seq_len`` tokens.
+def window_columns(
+    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int,
+    docs: list, doc_starts: np.ndarray,
+    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Every column of a window batch in one pass over ``tokens`` (``[B, n]``).
 
-    Fills ``positions[b, t]`` (0 at the window start and at each document start).
-    Returns (cu_seqlens offsets, cu_seqlens values, doc-id offsets, doc ids,
-    code, shard).
+    Writes ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]`` cast
+    (skipped when ``inputs`` has no rows; ``labels`` may have none) and
+    ``positions`` (0 at the window start and at each document start), row by
+    row, so each row is read once while it is in cache. Returns (cu_seqlens
+    offsets, values and per-window lengths, doc-id offsets, doc ids and
+    per-window lengths, code, shard).
     """
+    b_count = tokens.shape[0]
     nseg = np.zeros(b_count, np.int64)
     for p in range(pieces.shape[0]):
         b, s, a = pieces[p, OBS], pieces[p, SHARD], pieces[p, START]
@@ -125,18 +129,20 @@ def window_segments(
         k1 = np.searchsorted(table, a + m, side="left")
         # Offsets must rise from k0 to k1 and bracket [a, a + m); else the file lies.
         if k0 < 0 or k1 <= k0 or k1 >= table.shape[0]:
-            return nseg, np.empty(0, np.int32), nseg, nseg, BAD_DOCS, s
+            return nseg, np.empty(0, np.int32), nseg, nseg, nseg, nseg, BAD_DOCS, s
         if not table[k0] <= a < table[k0 + 1] or not table[k1 - 1] < a + m <= table[k1]:
-            return nseg, np.empty(0, np.int32), nseg, nseg, BAD_DOCS, s
+            return nseg, np.empty(0, np.int32), nseg, nseg, nseg, nseg, BAD_DOCS, s
         for j in range(k0, k1):
             if table[j] >= table[j + 1]:
-                return nseg, np.empty(0, np.int32), nseg, nseg, BAD_DOCS, s
+                return nseg, np.empty(0, np.int32), nseg, nseg, nseg, nseg, BAD_DOCS, s
         nseg[b] += k1 - k0
     doc_offsets = np.zeros(b_count + 1, np.int64)
     cu_offsets = np.zeros(b_count + 1, np.int64)
+    cu_lengths = np.empty(b_count, np.int64)
     for b in range(b_count):
         doc_offsets[b + 1] = doc_offsets[b] + nseg[b]
         cu_offsets[b + 1] = cu_offsets[b] + nseg[b] + 1
+        cu_lengths[b] = nseg[b] + 1
     cu = np.empty(cu_offsets[b_count], np.int32)
     ids = np.empty(doc_offsets[b_count], np.int64)
     filled = np.zeros(b_count, np.int64)
@@ -154,28 +160,26 @@ def window_segments(
             cu[cu_offsets[b] + filled[b]] = start
             ids[doc_offsets[b] + filled[b]] = doc_starts[s] + j
             filled[b] += 1
+    decode = inputs.shape[0] > 0
+    shifted = labels.shape[0] > 0
     for b in range(b_count):
         last = cu_offsets[b + 1] - 1
         cu[last] = seq_len
+        source = tokens[b]
+        if decode:
+            target = inputs[b]
+            for t in range(seq_len):  # row views: the loops vectorize
+                target[t] = source[t]
+            if shifted:
+                target = labels[b]
+                for t in range(seq_len):
+                    target[t] = source[t + 1]
         row = positions[b]
         for q in range(cu_offsets[b], last):
             segment = row[np.int64(cu[q]) : np.int64(cu[q + 1])]
-            for t in range(segment.shape[0]):  # a row view: the loop vectorizes
+            for t in range(segment.shape[0]):
                 segment[t] = t
-    return cu_offsets, cu, doc_offsets, ids, OK, 0
-
-
-@njit(nogil=True, cache=True)
-def decode_tokens(tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray) -> None:
-    """``inputs = tokens[:, :seq_len]``, ``labels = tokens[:, 1:]`` cast (labels may be empty)."""
-    for b in range(tokens.shape[0]):
-        source, target = tokens[b], inputs[b]
-        for t in range(seq_len):  # row views: the loops vectorize
-            target[t] = source[t]
-        if labels.shape[0]:
-            shifted = labels[b]
-            for t in range(seq_len):
-                shifted[t] = source[t + 1]
+    return cu_offsets, cu, cu_lengths, doc_offsets, ids, nseg, OK, 0
 
 
 @njit(nogil=True, cache=True)

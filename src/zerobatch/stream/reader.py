@@ -2,9 +2,10 @@
 
 ``Dataset`` is the opened folder; ``TokenWindows`` and ``Documents`` are
 random-access sources over it (``len(src)``, ``src.read(indices) -> Batch``).
-A batch is planned by Numba kernels, read with one vectorized ``pread`` call
-per file kind into one buffer allocated per batch, and decoded without a
-Python loop per sample (metadata values are Python objects, built per entry).
+A batch is planned by Numba kernels, read with one ``Storage.read_into`` call
+per file kind into one recycled buffer, and decoded without a Python loop per
+sample: one GIL-free pass writes every token column of a window batch
+(metadata values are Python objects, decoded in one call per batch).
 
 All three are immutable and thread-safe: any number of threads may call
 ``read`` at once. Files are opened lazily and kept open until ``close()``.
@@ -23,7 +24,8 @@ import numpy as np
 import numpy.typing as npt
 from numba import typed
 
-from zerobatch.columnar import Batch, BatchMeta, Jagged
+from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
+from zerobatch.columnar.schema import normalize_column
 from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage
 from zerobatch.stream import _kernels as k
@@ -44,6 +46,8 @@ from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 __all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
 
 _HEAD = 8  # spare bytes before metadata entries (see serializers.loads_many)
+_METADATA_SCHEMA = FieldSchema("objects", "list")  # per window, a list of (start, end, value)
+_EMPTY_METADATA_SCHEMA = FieldSchema("objects", "object")  # what from_columns infers for []
 _TOKEN_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
 
 
@@ -292,6 +296,20 @@ class TokenWindows:
         self._dtype = _token_dtype(dtype)
         self._span = seq_len + int(self._labels)
         self._len = max(0, (dataset.num_tokens - self._span) // stride + 1)
+        self._dense = self._dense_schema()
+
+    def _dense_schema(self) -> dict[str, FieldSchema]:
+        """The schema of every column but the jagged ones, inferred as
+        ``Batch.from_columns`` would (it is the same for every batch)."""
+        manifest, shape = self._ds.manifest, (0, self._seq_len)
+        tokens = manifest.token_dtype if self._dtype is None else self._dtype
+        arrays = {"input_ids": np.empty(shape, tokens)}
+        if self._labels:
+            arrays["labels"] = arrays["input_ids"]
+        arrays["position_ids"] = np.empty(shape, np.int64 if self._dtype == np.int64 else np.int32)
+        for name in manifest.fields:
+            arrays[name] = np.empty(shape, manifest.record_dtype.fields[name][0])  # type: ignore[index]
+        return {name: normalize_column(name, array)[1] for name, array in arrays.items()}
 
     def __len__(self) -> int:
         return self._len
@@ -315,6 +333,7 @@ class TokenWindows:
             raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
         b_count = idx.shape[0]
         manifest = ds.manifest
+        dense = self._dense
         # One buffer per batch, recycled once the batch is gone: records, then outputs.
         out_dtype = self._dtype or np.dtype(np.int32)
         pos_dtype = np.dtype(np.int64 if self._dtype == np.int64 else np.int32)
@@ -329,34 +348,35 @@ class TokenWindows:
         records = ds._read_records(pieces, raw)
         field = manifest.token_field
         tokens = (records if field is None else records[field]).reshape(b_count, n)
-        columns: dict[str, Any] = {}
-        if self._dtype is None:
-            columns["input_ids"] = tokens[:, :seq_len]
-            if self._labels:
-                columns["labels"] = tokens[:, 1:]
-        else:
-            inputs, offset = carve(buffer, offset, self._dtype, shape)
-            labels, offset = carve(buffer, offset, self._dtype,
-                                   shape if self._labels else (0, seq_len))
-            k.decode_tokens(tokens, seq_len, inputs, labels)
-            columns["input_ids"] = inputs
-            if self._labels:
-                columns["labels"] = labels
+        decoded = shape if self._dtype is not None else (0, seq_len)
+        inputs, offset = carve(buffer, offset, out_dtype, decoded)
+        labels, offset = carve(buffer, offset, out_dtype, decoded if self._labels else (0, seq_len))
         positions, offset = carve(buffer, offset, pos_dtype, shape)
-        cu_off, cu, doc_off, doc_ids, code, shard = k.window_segments(
-            pieces, b_count, n, seq_len, ds._docs_tables(), ds._doc_starts, positions
+        cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
+            tokens, pieces, n, seq_len, ds._docs_tables(), ds._doc_starts,
+            inputs, labels, positions,
         )
         ds._check(code, shard)
+        if self._dtype is None:  # views of the read buffer, labels overlapping inputs
+            inputs, labels = tokens[:, :seq_len], tokens[:, 1:]
+        # Built valid here: Jagged and Batch skip the checks of their public constructors.
+        columns: dict[str, Any] = {"input_ids": inputs}
+        if self._labels:
+            columns["labels"] = labels
         columns["position_ids"] = positions
-        columns["cu_seqlens"] = Jagged(cu, cu_off)
-        columns["doc_ids"] = Jagged(doc_ids, doc_off)
+        columns["cu_seqlens"] = Jagged._unchecked(cu, cu_off)
+        columns["doc_ids"] = Jagged._unchecked(doc_ids, doc_off)
         for name in manifest.fields:
             columns[name] = records[name].reshape(b_count, n)[:, :seq_len]
         if ds.has_metadata:
             begin = np.arange(b_count, dtype=np.int64) * n
             length = np.full(b_count, seq_len, dtype=np.int64)
             columns["metadata"] = ds._metadata(records, pieces, begin, length)
-        return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(b_count)))
+        jagged = {"cu_seqlens": FieldSchema("jagged", cu.dtype, (), cu_len),
+                  "doc_ids": FieldSchema("jagged", doc_ids.dtype, (), doc_len),
+                  "metadata": _METADATA_SCHEMA if b_count else _EMPTY_METADATA_SCHEMA}
+        schema = {name: dense[name] if name in dense else jagged[name] for name in columns}
+        return Batch._trusted(columns, idx, schema)
 
 
 class Documents:
