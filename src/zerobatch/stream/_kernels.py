@@ -18,8 +18,7 @@ __all__ = [
     "BAD_META_ID",
     "META_ORDER",
     "OK",
-    "meta_data_requests",
-    "meta_runs",
+    "meta_spans",
     "plan_documents",
     "plan_windows",
     "window_columns",
@@ -28,7 +27,6 @@ __all__ = [
 OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX = 0, 1, 2, 3, 4
 _NO_METADATA = np.uint32(2**32 - 1)
 OBS, SHARD, START, LENGTH, DEST = 0, 1, 2, 3, 4
-_OFFSET_BYTES = 8  # one <u8 of a .docs or .meta.index file
 
 
 @njit(nogil=True, cache=True)
@@ -183,12 +181,18 @@ def window_columns(
 
 
 @njit(nogil=True, cache=True)
-def _run_end(meta_ids: np.ndarray, t: int, hi: int, mid: np.uint32) -> int:
+def _run_end(meta_ids: np.ndarray, t: int, hi: int, mid: np.uint32, guess: int) -> int:
     """The end of the run of ``mid`` that starts at ``t`` (ends at most at ``hi``).
 
-    Gallops, then bisects: runs are contiguous, so a probe that still sees
-    ``mid`` vouches for every token before it (``verify`` checks each token).
+    Tries ``t + guess`` first (spans tend to repeat their length), then gallops
+    and bisects: runs are contiguous, so a probe that still sees ``mid``
+    vouches for every token before it (``verify`` checks each token).
     """
+    end = t + guess
+    if guess > 0 and end <= hi and meta_ids[end - 1] == mid and (
+        end == hi or meta_ids[end] != mid
+    ):
+        return end
     known = t
     step = 1
     while known + step < hi and meta_ids[known + step] == mid:
@@ -205,32 +209,37 @@ def _run_end(meta_ids: np.ndarray, t: int, hi: int, mid: np.uint32) -> int:
 
 
 @njit(nogil=True, cache=True)
-def meta_runs(
-    meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
-    entries: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.int64 | int, int, int]:
-    """Runs of one metadata entry inside each observation's tokens.
+def _piece_bounds(pieces: np.ndarray, p: int, obs_begin: np.ndarray, obs_len: np.ndarray) -> (
+    tuple[int, int]
+):
+    """The tokens of piece ``p`` inside its observation: [lo, hi) of the batch buffer."""
+    lo = pieces[p, DEST]
+    return lo, min(lo + pieces[p, LENGTH], obs_begin[pieces[p, OBS]] + obs_len[pieces[p, OBS]])
 
+
+@njit(nogil=True, cache=True)
+def meta_spans(
+    meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
+    entries: np.ndarray, index: list, data_sizes: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Runs of one metadata entry inside each observation's tokens, and the
+    bytes of their entries.
+
+    ``index`` holds each shard's ``.meta.index`` offsets (``entries + 1``).
     Returns (run starts and ends in observation coordinates, run offsets per
-    observation, requests ``(Q, 5)``: shard, first entry, entries, index byte
-    offset, destination in the index buffer; index bytes in all, code, shard).
-    Within a piece entry ids must rise by exactly one from run to run.
+    observation, data reads ``(Q, 4)``: shard, byte offset, bytes, destination
+    in the data buffer; entry bounds in the data buffer (runs + 1), code,
+    shard). Within a piece entry ids must rise by exactly one from run to run,
+    so a piece's entries are one contiguous range of its data file.
     """
     b_count = obs_begin.shape[0]
-    starts = np.empty(64 + b_count * 64, np.int64)  # grown by doubling when full
-    ends = np.empty(starts.shape[0], np.int64)
-    run_offsets = np.zeros(b_count + 1, np.int64)
-    requests = np.empty((pieces.shape[0], 5), np.int64)
-    r = 0
-    q = 0
-    index_bytes = np.int64(0)
-    for p in range(pieces.shape[0]):
-        b, s = pieces[p, OBS], pieces[p, SHARD]
-        lo = pieces[p, DEST]
-        hi = min(lo + pieces[p, LENGTH], obs_begin[b] + obs_len[b])
-        first = np.int64(-1)
-        last = np.int64(-1)
-        t = lo
+    first = np.full(pieces.shape[0], -1, np.int64)  # first entry of each piece
+    count = np.zeros(pieces.shape[0], np.int64)  # its runs
+    fail = np.empty(0, np.int64)
+    guess = 0
+    for p in range(pieces.shape[0]):  # count and check (arrays sized once, no growth)
+        s = pieces[p, SHARD]
+        t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
         while t < hi:
             mid = meta_ids[t]
             if mid == _NO_METADATA:
@@ -238,66 +247,58 @@ def meta_runs(
                 continue
             value = np.int64(mid)
             if value >= entries[s]:
-                return starts, ends, run_offsets, requests, 0, BAD_META_ID, s
-            if first < 0:
-                first = value
-            elif value != last + 1:
-                return starts, ends, run_offsets, requests, 0, META_ORDER, s
-            last = value
-            if r == starts.shape[0]:
-                starts = np.concatenate((starts, np.empty(r, np.int64)))
-                ends = np.concatenate((ends, np.empty(r, np.int64)))
+                return fail, fail, fail, fail.reshape(0, 4), fail, BAD_META_ID, s
+            if first[p] < 0:
+                first[p] = value
+            elif value != first[p] + count[p]:
+                return fail, fail, fail, fail.reshape(0, 4), fail, META_ORDER, s
+            count[p] += 1
+            end = _run_end(meta_ids, t, hi, mid, guess)
+            guess = end - t
+            t = end
+    runs = 0
+    for p in range(pieces.shape[0]):
+        runs += count[p]
+    starts = np.empty(runs, np.int64)
+    ends = np.empty(runs, np.int64)
+    bounds = np.zeros(runs + 1, np.int64)
+    run_offsets = np.zeros(b_count + 1, np.int64)
+    reads = np.empty((pieces.shape[0], 4), np.int64)
+    r = 0
+    q = 0
+    dest = np.int64(0)
+    for p in range(pieces.shape[0]):
+        b, s = pieces[p, OBS], pieces[p, SHARD]
+        t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
+        r0 = r
+        while t < hi:
+            mid = meta_ids[t]
+            if mid == _NO_METADATA:
+                t += 1
+                continue
             starts[r] = t - obs_begin[b]
-            t = _run_end(meta_ids, t, hi, mid)
+            end = _run_end(meta_ids, t, hi, mid, guess)
+            guess = end - t
+            t = end
             ends[r] = t - obs_begin[b]
             r += 1
-        if first >= 0:
-            requests[q, 0] = s
-            requests[q, 1] = first
-            requests[q, 2] = last - first + 1
-            requests[q, 3] = first * _OFFSET_BYTES
-            requests[q, 4] = index_bytes
-            index_bytes += (last - first + 2) * _OFFSET_BYTES
-            q += 1
         run_offsets[b + 1] = r
+        if count[p] == 0:
+            continue
+        offsets = index[s]
+        a, z = first[p], first[p] + count[p]
+        for e in range(a, z):
+            if offsets[e + 1] < offsets[e]:
+                return fail, fail, fail, fail.reshape(0, 4), fail, BAD_INDEX, s
+            bounds[r0 + 1 + e - a] = dest + np.int64(offsets[e + 1] - offsets[a])
+        if offsets[z] > np.uint64(data_sizes[s]):
+            return fail, fail, fail, fail.reshape(0, 4), fail, BAD_INDEX, s
+        reads[q, 0] = s
+        reads[q, 1] = np.int64(offsets[a])
+        reads[q, 2] = np.int64(offsets[z] - offsets[a])
+        reads[q, 3] = dest
+        dest += reads[q, 2]
+        q += 1
     for b in range(1, b_count + 1):
         run_offsets[b] = max(run_offsets[b], run_offsets[b - 1])
-    return starts[:r], ends[:r], run_offsets, requests[:q], index_bytes, OK, 0
-
-
-@njit(nogil=True, cache=True)
-def meta_data_requests(
-    index: np.ndarray, requests: np.ndarray, data_sizes: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Data reads for the index ranges read for ``requests``.
-
-    ``index`` holds, per request, its ``count + 1`` byte offsets, back to back.
-    Returns (data reads ``(Q, 3)`` offset/length/destination, entry offsets into
-    the data buffer (entries + 1), code, shard).
-    """
-    total = 0
-    for q in range(requests.shape[0]):
-        total += requests[q, 2]
-    reads = np.empty((requests.shape[0], 3), np.int64)
-    bounds = np.zeros(total + 1, np.int64)
-    pos = 0
-    e = 0
-    dest = np.int64(0)
-    for q in range(requests.shape[0]):
-        s, count = requests[q, 0], requests[q, 2]
-        first = index[pos]
-        for k in range(count):
-            if index[pos + k + 1] < index[pos + k]:
-                return reads, bounds, BAD_INDEX, s
-        end = index[pos + count]
-        if end > np.uint64(data_sizes[s]):
-            return reads, bounds, BAD_INDEX, s
-        for k in range(count):
-            bounds[e + 1] = dest + np.int64(index[pos + k + 1] - first)
-            e += 1
-        reads[q, 0] = np.int64(first)
-        reads[q, 1] = np.int64(end - first)
-        reads[q, 2] = dest
-        dest += np.int64(end - first)
-        pos += count + 1
-    return reads, bounds, OK, 0
+    return starts, ends, run_offsets, reads[:q], bounds, OK, 0

@@ -46,6 +46,7 @@ from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 __all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
 
 _HEAD = 8  # spare bytes before metadata entries (see serializers.loads_many)
+_SHARED_INTS = 1 << 16  # span positions below this come from a table of Python ints
 _METADATA_SCHEMA = FieldSchema("objects", "list")  # per window, a list of (start, end, value)
 _EMPTY_METADATA_SCHEMA = FieldSchema("objects", "object")  # what from_columns infers for []
 _TOKEN_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
@@ -97,6 +98,8 @@ class Dataset:
         self._handles = {kind: np.full(len(shards), -1, dtype=np.int64)
                          for kind in (TOKENS, META_INDEX, META_DATA)}
         self._docs: typed.List | None = None
+        self._index: typed.List | None = None
+        self._int_table = np.zeros(0, dtype=object)
         self._arena = Arena()
         self._lock = threading.Lock()
         self._closed = False
@@ -230,32 +233,63 @@ class Dataset:
         raise self._shard_error(shard, META_INDEX, "offsets",
                                 "metadata index goes backwards or past its data file")
 
+    def _index_tables(self) -> typed.List:
+        """Every shard's metadata index, mapped once (8 bytes per entry)."""
+        index = self._index
+        if index is not None:
+            return index
+        with self._lock:
+            if self._index is None:
+                tables = typed.List()
+                for i, shard in enumerate(self._manifest.shards):
+                    table = self._storage.map(shard.file(META_INDEX)).view(OFFSET_DTYPE)
+                    if table.shape[0] != (shard.metadata_entries or 0) + 1:
+                        raise self._shard_error(
+                            i, META_INDEX, "offsets",
+                            f"expected {(shard.metadata_entries or 0) + 1} offsets",
+                        )
+                    tables.append(table)
+                self._index = tables
+            return self._index
+
     def _metadata(
         self, records: np.ndarray, pieces: npt.NDArray[np.int64],
         obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64],
     ) -> list[list[tuple[int, int, Any]]]:
-        """Per observation, ``(start, end, value)`` of each entry it overlaps."""
-        starts, ends, run_offsets, requests, index_bytes, code, shard = k.meta_runs(
-            records[META_ID], pieces, obs_begin, obs_len, self._entries
-        )
-        self._check(code, shard)
-        index = np.empty(index_bytes, dtype=np.uint8)
-        shards = requests[:, 0]
-        lengths = (requests[:, 2] + 1) * OFFSET_DTYPE.itemsize
-        self._read(META_INDEX, shards, requests[:, 3], lengths, index, requests[:, 4])
-        reads, bounds, code, shard = k.meta_data_requests(
-            index.view(OFFSET_DTYPE), requests, self._data_sizes
+        """Per observation, ``(start, end, value)`` of each entry it overlaps.
+
+        One kernel finds the runs and their entries' byte ranges (from the
+        mapped index), one ``read_into`` fetches the bytes, one call decodes
+        every value; the tuples are built by ``zip`` and sliced per observation.
+        """
+        starts, ends, run_offsets, reads, bounds, code, shard = k.meta_spans(
+            records[META_ID], pieces, obs_begin, obs_len, self._entries, self._index_tables(),
+            self._data_sizes,
         )
         self._check(code, shard)
         data = np.empty(_HEAD + int(bounds[-1]), dtype=np.uint8)
-        self._read(META_DATA, shards, reads[:, 0], reads[:, 1], data, reads[:, 2] + _HEAD)
+        self._read(META_DATA, reads[:, 0], reads[:, 1], reads[:, 2], data, reads[:, 3] + _HEAD)
         try:
             values = loads_many(self._serializer, data, bounds, _HEAD)
         except Exception as error:
             raise FormatError(f"cannot decode metadata entries ({error})",
                               path=self._path, field=META_DATA) from error
-        triples = list(zip(starts.tolist(), ends.tolist(), values, strict=True))
+        top = int(obs_len.max()) if obs_len.size else 0
+        triples = list(zip(self._ints(starts, top), self._ints(ends, top), values, strict=True))
         return [triples[a:b] for a, b in itertools.pairwise(run_offsets.tolist())]
+
+    def _ints(self, values: npt.NDArray[np.int64], top: int) -> list[int]:
+        """``values.tolist()`` for values in ``[0, top]``; while ``top`` is small,
+        taken from a shared table of Python ints, so that no int object is
+        allocated or freed per span."""
+        if top >= _SHARED_INTS:
+            return values.tolist()
+        table = self._int_table
+        if table.shape[0] <= top:
+            table = np.array(range(min(_SHARED_INTS, max(top + 1, 2 * table.shape[0]))),
+                             dtype=object)
+            self._int_table = table  # a race only builds the same table twice
+        return table.take(values).tolist()
 
 
 class TokenWindows:
