@@ -46,7 +46,6 @@ from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 __all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
 
 _HEAD = 8  # spare bytes before metadata entries (see serializers.loads_many)
-_SHARED_INTS = 1 << 16  # span positions below this come from a table of Python ints
 _METADATA_SCHEMA = FieldSchema("objects", "list")  # per window, a list of (start, end, value)
 _EMPTY_METADATA_SCHEMA = FieldSchema("objects", "object")  # what from_columns infers for []
 _TOKEN_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
@@ -99,7 +98,6 @@ class Dataset:
                          for kind in (TOKENS, META_INDEX, META_DATA)}
         self._docs: typed.List | None = None
         self._index: typed.List | None = None
-        self._int_table = np.zeros(0, dtype=object)
         self._arena = Arena()
         self._lock = threading.Lock()
         self._closed = False
@@ -274,22 +272,8 @@ class Dataset:
         except Exception as error:
             raise FormatError(f"cannot decode metadata entries ({error})",
                               path=self._path, field=META_DATA) from error
-        top = int(obs_len.max()) if obs_len.size else 0
-        triples = list(zip(self._ints(starts, top), self._ints(ends, top), values, strict=True))
+        triples = list(zip(starts.tolist(), ends.tolist(), values, strict=True))
         return [triples[a:b] for a, b in itertools.pairwise(run_offsets.tolist())]
-
-    def _ints(self, values: npt.NDArray[np.int64], top: int) -> list[int]:
-        """``values.tolist()`` for values in ``[0, top]``; while ``top`` is small,
-        taken from a shared table of Python ints, so that no int object is
-        allocated or freed per span."""
-        if top >= _SHARED_INTS:
-            return values.tolist()
-        table = self._int_table
-        if table.shape[0] <= top:
-            table = np.array(range(min(_SHARED_INTS, max(top + 1, 2 * table.shape[0]))),
-                             dtype=object)
-            self._int_table = table  # a race only builds the same table twice
-        return table.take(values).tolist()
 
 
 class TokenWindows:
