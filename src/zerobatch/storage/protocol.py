@@ -47,7 +47,8 @@ class Storage(Protocol):
         ...
 
     def map(self, name: str) -> npt.NDArray[np.uint8]:
-        """The whole file as a read-only byte array (small files only)."""
+        """The whole file as a read-only byte array (index files only: document
+        offsets, metadata index; 8 bytes per entry)."""
         ...
 
     def close(self) -> None:
