@@ -209,9 +209,9 @@ def _run_end(meta_ids: np.ndarray, t: int, hi: int, mid: np.uint32, guess: int) 
 
 
 @njit(nogil=True, cache=True)
-def _piece_bounds(pieces: np.ndarray, p: int, obs_begin: np.ndarray, obs_len: np.ndarray) -> (
-    tuple[int, int]
-):
+def _piece_bounds(
+    pieces: np.ndarray, p: int, obs_begin: np.ndarray, obs_len: np.ndarray
+) -> tuple[int, int]:
     """The tokens of piece ``p`` inside its observation: [lo, hi) of the batch buffer."""
     lo = pieces[p, DEST]
     return lo, min(lo + pieces[p, LENGTH], obs_begin[pieces[p, OBS]] + obs_len[pieces[p, OBS]])

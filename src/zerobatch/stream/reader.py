@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -325,8 +325,9 @@ class TokenWindows:
         if self._labels:
             arrays["labels"] = arrays["input_ids"]
         arrays["position_ids"] = np.empty(shape, np.int64 if self._dtype == np.int64 else np.int32)
+        fields: Mapping[str, Any] = manifest.record_dtype.fields or {}
         for name in manifest.fields:
-            arrays[name] = np.empty(shape, manifest.record_dtype.fields[name][0])  # type: ignore[index]
+            arrays[name] = np.empty(shape, fields[name][0])
         return {name: normalize_column(name, array)[1] for name, array in arrays.items()}
 
     def __len__(self) -> int:
