@@ -63,3 +63,16 @@ def test_read_into_after_close_and_empty_file(storage: LocalStorage) -> None:
     storage.close()
     with pytest.raises(OSError, match="not open"):
         storage.read_into(np.array([a]), np.array([0]), np.array([2]), buffer, np.array([0]))
+
+
+def test_many_files_keep_their_handles(tmp_path: Path) -> None:
+    for i in range(40):
+        (tmp_path / f"f{i}").write_bytes(bytes([i]) * 3)
+    storage = LocalStorage(tmp_path)
+    handles = np.array([storage.open(f"f{i}") for i in range(40)])
+    assert sorted(set(handles.tolist())) == list(range(40))
+    buffer = np.zeros(40, dtype=np.uint8)
+    assert storage.read_into(handles, np.full(40, 2), np.ones(40, dtype=np.int64), buffer,
+                             np.arange(40)) == -1
+    assert buffer.tolist() == list(range(40))
+    storage.close()

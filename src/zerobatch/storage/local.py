@@ -60,21 +60,33 @@ def _read_all(
 class _Files:
     """The open files of one LocalStorage: handle -> descriptor, mapping, size.
 
-    Never changed once built (opening a file builds a new one), so a read
-    holds a consistent table, and the mappings it reads stay alive until it
-    returns even if ``close()`` runs meanwhile.
+    Slots are only ever added (a size of -1 marks a free slot), and a full
+    table is replaced by a copy twice its size, so opening is amortized O(1);
+    a read holds the table it started with, whose mappings stay alive until
+    it returns even if ``close()`` runs meanwhile.
     """
 
     __slots__ = ("addresses", "descriptors", "maps", "sizes")
 
-    def __init__(self, descriptors: list[int], maps: list[np.ndarray]) -> None:
-        self.descriptors = descriptors
-        self.maps = maps
-        self.addresses = np.array([m.ctypes.data for m in maps], dtype=np.int64)
-        self.sizes = np.array([m.size for m in maps], dtype=np.int64)
+    def __init__(self, capacity: int = 16) -> None:
+        self.descriptors: list[int] = []
+        self.maps: list[np.ndarray] = []
+        self.addresses = np.zeros(capacity, dtype=np.int64)
+        self.sizes = np.full(capacity, -1, dtype=np.int64)
 
     def add(self, descriptor: int, mapping: np.ndarray) -> _Files:
-        return _Files([*self.descriptors, descriptor], [*self.maps, mapping])
+        """This table, or a larger copy, with one more file (call under a lock)."""
+        files, handle = self, len(self.descriptors)
+        if handle == self.sizes.shape[0]:
+            files = _Files(2 * handle)
+            files.descriptors, files.maps = list(self.descriptors), list(self.maps)
+            files.addresses[:handle] = self.addresses
+            files.sizes[:handle] = self.sizes
+        files.descriptors.append(descriptor)
+        files.maps.append(mapping)
+        files.addresses[handle] = mapping.ctypes.data
+        files.sizes[handle] = mapping.size  # last: the slot is valid from here on
+        return files
 
 
 def _map(descriptor: int) -> np.ndarray:
@@ -98,7 +110,7 @@ class LocalStorage:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self._root = Path(root)
         self._handles: dict[str, int] = {}
-        self._files = _Files([], [])
+        self._files = _Files()
         self._lock = threading.Lock()
 
     @property
@@ -178,6 +190,6 @@ class LocalStorage:
     def close(self) -> None:
         """Close every handle; idempotent. Mappings are released once no read uses them."""
         with self._lock:
-            files, self._files, self._handles = self._files, _Files([], []), {}
+            files, self._files, self._handles = self._files, _Files(), {}
         for descriptor in files.descriptors:
             os.close(descriptor)
