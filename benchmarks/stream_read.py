@@ -6,7 +6,8 @@ tokens, warm page cache. Baselines measured in the same run on the same bytes:
 ``np.memmap`` fancy indexing plus the int64 cast of inputs and labels. Two more
 datasets carry one metadata span every 64 tokens (msgpack), valued either a
 list of two concept ids or one id; their rates are compared with the plain
-dataset's int64 rate.
+dataset's int64 rate. zerobatch rows read through ``LocalStorage``'s default
+``pread``; rows marked ``mmap`` copy from read-only mappings instead.
 
     python benchmarks/stream_read.py [--tokens 150_000_000] [--seconds 3]
 """
@@ -20,11 +21,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from zerobatch import stream
 from zerobatch.shuffle import Feistel
+from zerobatch.storage import LocalStorage
 
 SEQ_LEN, BATCH, SPAN = 2048, 32, 64
 Step = tuple[Callable[[int], object], int]
@@ -83,8 +86,9 @@ def _plans(windows: stream.TokenWindows) -> list[np.ndarray]:
             for k in range(min(len(windows) // BATCH, 4096))]
 
 
-def _reader(path: Path, dtype: str = "int64") -> Step:
-    windows = stream.open_dataset(path).windows(SEQ_LEN, dtype=dtype)
+def _reader(path: Path, dtype: str = "int64", method: Literal["pread", "mmap"] = "pread") -> Step:
+    storage = LocalStorage(path, method=method)
+    windows = stream.open_dataset(path, storage=storage).windows(SEQ_LEN, dtype=dtype)
     plans = _plans(windows)
     return (lambda k: windows.read(plans[k])), len(plans)
 
@@ -126,9 +130,12 @@ def main() -> None:
         rates = _best_rates({
             "zerobatch int64": _reader(plain),
             "zerobatch stored": _reader(plain, "stored"),
+            "zerobatch int64, mmap": _reader(plain, method="mmap"),
+            "zerobatch stored, mmap": _reader(plain, "stored", "mmap"),
             **_baselines(plain),
             "zerobatch int64, spans [id, id]": _reader(ids),
             "zerobatch int64, spans id": _reader(one),
+            "zerobatch int64, spans id, mmap": _reader(one, method="mmap"),
         }, args.seconds)
     finally:
         shutil.rmtree(root)
@@ -136,14 +143,15 @@ def main() -> None:
     print(f"datasets: {sizes[0]} MiB plain, {sizes[1]} and {sizes[2]} MiB with a span every "
           f"{SPAN} tokens; windows of {SEQ_LEN} tokens, batch {BATCH}, Feistel order, "
           "warm page cache")
-    header = (f"{'reader':<34}{'batches/s':>10}{'Mtok/s':>9}{'MB/s':>8}"
+    header = (f"{'reader':<36}{'batches/s':>10}{'Mtok/s':>9}{'MB/s':>8}"
               f"{'vs copy':>9}{'vs memmap':>11}  note")
     print(header)
     print("-" * len(header))
     for name, rate in rates.items():
         tok = rate * BATCH * SEQ_LEN
-        note = f"{rate / rates['zerobatch int64']:.2f}x no-metadata" if "spans" in name else ""
-        print(f"{name:<34}{rate:>10.0f}{tok / 1e6:>9.1f}{tok * 2 / 1e6:>8.0f}"
+        plain_rate = rates["zerobatch int64, mmap" if "mmap" in name else "zerobatch int64"]
+        note = f"{rate / plain_rate:.2f}x no-metadata" if "spans" in name else ""
+        print(f"{name:<36}{rate:>10.0f}{tok / 1e6:>9.1f}{tok * 2 / 1e6:>8.0f}"
               f"{rate / limit:>9.2f}{rate / fancy:>11.2f}  {note}")
 
 

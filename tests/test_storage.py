@@ -1,4 +1,4 @@
-"""LocalStorage: batched pread into caller buffers, short reads, maps, close."""
+"""LocalStorage, both methods: batched reads into caller buffers, short reads, maps, close."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 from zerobatch.storage import LocalStorage
 
 
-@pytest.fixture
-def storage(tmp_path: Path) -> LocalStorage:
+@pytest.fixture(params=["pread", "mmap"])
+def storage(tmp_path: Path, request: pytest.FixtureRequest) -> LocalStorage:
     (tmp_path / "a").write_bytes(bytes(range(256)))
     (tmp_path / "b").write_bytes(b"xyz")
     (tmp_path / "empty").write_bytes(b"")
-    return LocalStorage(tmp_path)
+    return LocalStorage(tmp_path, method=request.param)
 
 
 def test_read_into(storage: LocalStorage) -> None:
@@ -65,10 +65,28 @@ def test_read_into_after_close_and_empty_file(storage: LocalStorage) -> None:
         storage.read_into(np.array([a]), np.array([0]), np.array([2]), buffer, np.array([0]))
 
 
-def test_many_files_keep_their_handles(tmp_path: Path) -> None:
+def test_pread_survives_a_file_shrinking_under_it(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(bytes(range(200)))
+    storage = LocalStorage(tmp_path)
+    handle = storage.open("f")
+    with open(tmp_path / "f", "r+b") as file:
+        file.truncate(100)  # another process rewriting in place: reads come back short
+    buffer = np.zeros(50, dtype=np.uint8)
+    reads = (np.array([handle, handle]), np.array([0, 120]), np.array([10, 40]))
+    assert storage.read_into(*reads, buffer, np.array([0, 10])) == 1
+    assert buffer[:10].tolist() == list(range(10))
+
+
+def test_unknown_method(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="'pread' or 'mmap'"):
+        LocalStorage(tmp_path, method="direct")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+def test_many_files_keep_their_handles(tmp_path: Path, method: str) -> None:
     for i in range(40):
         (tmp_path / f"f{i}").write_bytes(bytes([i]) * 3)
-    storage = LocalStorage(tmp_path)
+    storage = LocalStorage(tmp_path, method=method)  # type: ignore[arg-type]
     handles = np.array([storage.open(f"f{i}") for i in range(40)])
     assert sorted(set(handles.tolist())) == list(range(40))
     buffer = np.zeros(40, dtype=np.uint8)

@@ -292,3 +292,15 @@ def test_many_spans_per_window(tmp_path: Path) -> None:
         want = [(g - start, g - start + 1, (g // 600) * 1000 + g % 600)
                 for g in range(start, start + 500) if g % 2 == 0]
         assert batch["metadata"][row] == want
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+def test_both_storage_methods_read_the_same(tmp_path: Path, method: str) -> None:
+    from zerobatch.storage import LocalStorage
+
+    corpus = random_corpus(np.random.default_rng(5), docs=40, max_len=300, spans=True)
+    path = write(tmp_path / "ds", corpus, metadata="msgpack", shard_tokens=1000)
+    storage = LocalStorage(path, method=method)  # type: ignore[arg-type]
+    with stream.open_dataset(path, storage=storage) as ds:
+        windows = ds.windows(64, stride=50)
+        _check_windows(ds, corpus, 64, 50, Feistel(len(windows), 3)(np.arange(len(windows))))

@@ -1,19 +1,23 @@
-"""``LocalStorage``: files on a local or network file system, read through a mapping.
+"""``LocalStorage``: files on a local or network file system.
 
-Each file is opened once (``os.open``), advised ``POSIX_FADV_RANDOM`` and mapped
-read-only with ``MADV_RANDOM``, so the kernel does not read ahead of shuffled
-reads. A batch of reads runs in one GIL-free Numba loop of ``memcpy`` from the
-mappings straight into the caller's buffer: no system call per read once a
-page is mapped, no intermediate bytes objects, no per-read Python call.
+Each file is opened once (``os.open``) and advised ``POSIX_FADV_RANDOM`` so the
+kernel does not read ahead of shuffled reads. A batch of reads runs in one
+GIL-free Numba loop straight into the caller's buffer, in one of two ways:
+
+- ``method="pread"`` (default): one ``pread(2)`` per request. Right for network
+  file systems (one request per read, no page-sized faults), and a file that
+  shrinks under a running job only makes reads come back short.
+- ``method="mmap"``: ``memcpy`` from a read-only mapping (``MADV_RANDOM``), no
+  system call per read once pages are mapped. Faster from the local page cache,
+  but, like any mapping (``np.memmap`` included), a file truncated by another
+  process *while open* makes reads past its new end fault (SIGBUS). zerobatch
+  datasets are written once and replaced by rename, never truncated in place.
 
 Measured (``benchmarks/stream_read.py`` windows, 32 reads of 4 KiB from the
-page cache): ~42 us per batch with one ``pread(2)`` per read, ~16 us copying
-from the mappings.
+page cache): ~42 us per batch with ``pread``, ~16 us with ``mmap``.
 
 A file is checked against the size it had when opened: a read past that size
-comes back short. Like any mapping (``np.memmap`` included), a file truncated
-by another process *while open* makes reads past its new end fault (SIGBUS);
-datasets are written once and replaced by rename, never truncated in place.
+comes back short.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +36,9 @@ __all__ = ["LocalStorage"]
 
 _memcpy: Any = types.ExternalFunction(
     "memcpy", types.voidptr(types.voidptr, types.voidptr, types.uintp)
+)
+_pread: Any = types.ExternalFunction(
+    "pread", types.intp(types.intc, types.voidptr, types.uintp, types.int64)
 )
 
 
@@ -57,6 +64,34 @@ def _read_all(
     return -1, 0
 
 
+@njit(nogil=True, cache=True)
+def _pread_all(
+    handles: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
+    buffer: np.ndarray, destinations: np.ndarray, descriptors: np.ndarray, sizes: np.ndarray,
+) -> tuple[int, int]:
+    """Like ``_read_all`` with ``pread(2)``; status 0 also when the file came back
+    short (it shrank), -3 when ``pread`` failed."""
+    base = buffer.ctypes.data
+    for i in range(handles.shape[0]):
+        h, start, length = handles[i], offsets[i], lengths[i]
+        if length < 0 or destinations[i] < 0 or destinations[i] + length > buffer.size:
+            return i, -2
+        if h < 0 or h >= sizes.shape[0] or sizes[h] < 0:
+            return i, -1
+        if start < 0 or start + length > sizes[h]:
+            return i, 0
+        done = 0
+        while done < length:
+            got = _pread(np.intc(descriptors[h]), base + destinations[i] + done,
+                         length - done, start + done)
+            if got == 0:
+                return i, 0
+            if got < 0:
+                return i, -3
+            done += got
+    return -1, 0
+
+
 class _Files:
     """The open files of one LocalStorage: handle -> descriptor, mapping, size.
 
@@ -66,26 +101,29 @@ class _Files:
     it returns even if ``close()`` runs meanwhile.
     """
 
-    __slots__ = ("addresses", "descriptors", "maps", "sizes")
+    __slots__ = ("addresses", "descriptors", "fds", "maps", "sizes")
 
     def __init__(self, capacity: int = 16) -> None:
         self.descriptors: list[int] = []
-        self.maps: list[np.ndarray] = []
+        self.maps: list[np.ndarray | None] = []
+        self.fds = np.full(capacity, -1, dtype=np.int64)
         self.addresses = np.zeros(capacity, dtype=np.int64)
         self.sizes = np.full(capacity, -1, dtype=np.int64)
 
-    def add(self, descriptor: int, mapping: np.ndarray) -> _Files:
+    def add(self, descriptor: int, size: int, mapping: np.ndarray | None) -> _Files:
         """This table, or a larger copy, with one more file (call under a lock)."""
         files, handle = self, len(self.descriptors)
         if handle == self.sizes.shape[0]:
             files = _Files(2 * handle)
             files.descriptors, files.maps = list(self.descriptors), list(self.maps)
+            files.fds[:handle] = self.fds
             files.addresses[:handle] = self.addresses
             files.sizes[:handle] = self.sizes
         files.descriptors.append(descriptor)
         files.maps.append(mapping)
-        files.addresses[handle] = mapping.ctypes.data
-        files.sizes[handle] = mapping.size  # last: the slot is valid from here on
+        files.fds[handle] = descriptor
+        files.addresses[handle] = 0 if mapping is None else mapping.ctypes.data
+        files.sizes[handle] = size  # last: the slot is valid from here on
         return files
 
 
@@ -100,15 +138,21 @@ def _map(descriptor: int) -> np.ndarray:
 
 
 class LocalStorage:
-    """Read-only access to the files under ``root``.
+    """Read-only access to the files under ``root``, by ``pread`` or ``mmap``
+    (``method``; see the module docstring for the trade-off).
 
     Handles are small ints, one per opened file. Thread-safe: files are opened
     under a lock; reads share nothing mutable. ``close()`` is idempotent;
     reads after it raise ``OSError`` (a read already running finishes first).
     """
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], *, method: Literal["pread", "mmap"] = "pread"
+    ) -> None:
+        if method not in ("pread", "mmap"):
+            raise ValueError(f"method must be 'pread' or 'mmap', got {method!r}")
         self._root = Path(root)
+        self._method = method
         self._handles: dict[str, int] = {}
         self._files = _Files()
         self._lock = threading.Lock()
@@ -119,14 +163,14 @@ class LocalStorage:
         return self._root
 
     def __repr__(self) -> str:
-        return f"LocalStorage({str(self._root)!r})"
+        return f"LocalStorage({str(self._root)!r}, method={self._method!r})"
 
     def size(self, name: str) -> int:
         """The size of ``name`` in bytes."""
         return os.stat(self._root / name).st_size
 
     def open(self, name: str) -> int:
-        """The handle of ``name``: opened and mapped once, ``POSIX_FADV_RANDOM``."""
+        """The handle of ``name``: opened (and mapped) once, ``POSIX_FADV_RANDOM``."""
         handle = self._handles.get(name)
         if handle is not None:
             return handle
@@ -137,12 +181,13 @@ class LocalStorage:
                 try:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)
-                    mapping = _map(descriptor)
+                    size = os.fstat(descriptor).st_size
+                    mapping = _map(descriptor) if self._method == "mmap" else None
                 except BaseException:
                     os.close(descriptor)
                     raise
                 handle = len(self._files.descriptors)
-                self._files = self._files.add(descriptor, mapping)
+                self._files = self._files.add(descriptor, size, mapping)
                 self._handles[name] = handle
             return handle
 
@@ -158,8 +203,14 @@ class LocalStorage:
         if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
             raise ValueError("buffer must be a C-contiguous uint8 vector")
         files = self._files  # holds the mappings alive until the copies are done
-        short, status = _read_all(handles, offsets, lengths, buffer, destinations,
-                                  files.addresses, files.sizes)
+        if self._method == "mmap":
+            short, status = _read_all(handles, offsets, lengths, buffer, destinations,
+                                      files.addresses, files.sizes)
+        else:
+            short, status = _pread_all(handles, offsets, lengths, buffer, destinations,
+                                       files.fds, files.sizes)
+        if status == -3:
+            raise OSError(f"request {short}: pread failed on handle {int(handles[short])}")
         if status == -2:
             raise ValueError(f"request {short} does not fit the buffer")
         if status < 0:
