@@ -143,34 +143,50 @@ def hf_batches(
     return indexed(), loaded()
 
 
-def bench_reads(path: Path, label: str, rows: list[tuple[str, ...]], n: int, cold: bool) -> None:
-    rng = np.random.default_rng(1)
-    with BatchFileReader(path) as reader:
-        indices = rng.integers(0, reader.num_batches, size=n)
-        paths: dict[str, Callable[[int], object]] = {
+def _paths(reader: BatchFileReader, cold: bool) -> dict[str, Callable[[int], object]]:
+    if cold:  # a view costs nothing until touched: make the cold rows page the data in
+        return {
             "read_batch_torch int64": reader.read_batch_torch,
-            "read_batch_torch int32 (zero-copy)": lambda i: reader.read_batch_torch(i, torch.int32),
-            "read_batch (uint32 view)": reader.read_batch,
+            "read_batch_torch int32 + first touch": lambda i: reader.read_batch_torch(
+                i, torch.int32
+            ).sum(),
+            "read_batch + first touch": lambda i: reader.read_batch(i).sum(),
         }
-        if cold:  # a view costs nothing until touched: make the cold rows page the data in
-            paths = {
-                "read_batch_torch int64": reader.read_batch_torch,
-                "read_batch_torch int32 + first touch": lambda i: reader.read_batch_torch(
-                    i, torch.int32
-                ).sum(),
-                "read_batch + first touch": lambda i: reader.read_batch(i).sum(),
-            }
-        if not cold:
-            for i in range(reader.num_batches):  # bring every page in
+    return {
+        "read_batch_torch int64": reader.read_batch_torch,
+        "read_batch_torch int32 (zero-copy)": lambda i: reader.read_batch_torch(i, torch.int32),
+        "read_batch (uint32 view)": reader.read_batch,
+    }
+
+
+def bench_reads(path: Path, label: str, rows: list[tuple[str, ...]], n: int, cold: bool) -> None:
+    """Time each read path on the same random batches. Cold: every path gets a
+    fresh reader after the file was evicted (pages still mapped by a live reader
+    cannot be evicted, so readers are closed first)."""
+    if not cold:
+        with BatchFileReader(path) as reader:
+            indices = np.random.default_rng(1).integers(0, reader.num_batches, size=n)
+            for i in range(reader.num_batches):  # bring every page in, and map it
                 reader.read_batch(i).sum()
-        for name, call in paths.items():
-            if cold:
-                evict(path)
-            p50, p95, p99, rate = percentiles(time_calls(call, indices))
+            for name, call in _paths(reader, cold).items():
+                p50, p95, p99, rate = percentiles(time_calls(call, indices))
+                rows.append(
+                    (label, name, f"{p50:.1f}", f"{p95:.1f}", f"{p99:.1f}", f"{rate / 1e6:,.0f}")
+                )
+    else:
+        with BatchFileReader(path) as reader:
+            indices = np.random.default_rng(1).integers(0, reader.num_batches, size=n)
+            names = list(_paths(reader, cold))
+        for name in names:
+            gc.collect()
+            evict(path)
+            with BatchFileReader(path) as reader:
+                p50, p95, p99, rate = percentiles(time_calls(_paths(reader, cold)[name], indices))
             rows.append(
                 (label, name, f"{p50:.1f}", f"{p95:.1f}", f"{p99:.1f}", f"{rate / 1e6:,.0f}")
             )
     if cold:
+        gc.collect()
         evict(path)
     loader = BatchNativeLoader(path)
     start = time.perf_counter()

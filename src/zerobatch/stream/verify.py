@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from zerobatch._text import format_table
 from zerobatch.errors import FormatError
 from zerobatch.stream.manifest import (
     DOCS,
@@ -204,5 +205,4 @@ def describe(path: str | os.PathLike[str]) -> str:
         ("metadata entries", f"{sum(s.metadata_entries or 0 for s in shards):,}"),
         ("bytes", f"{sum(b for s in shards for b, _ in s.files.values()):,}"),
     ]
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+    return format_table(rows)
