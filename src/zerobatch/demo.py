@@ -87,7 +87,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m zerobatch.demo", description=__doc__)
     parser.add_argument("--out", type=Path, default=Path("demo-output"))
     parser.add_argument("--corpus-bytes", type=int, default=12_000_000)
-    parser.add_argument("--seq-len", type=int, default=64, help="tokens the model sees")
+    parser.add_argument(
+        "--seq-len",
+        type=int,
+        default=63,
+        help="tokens the model sees; records are one longer (64 x 32 uint16 = one 4 KiB page)",
+    )
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args(argv)
