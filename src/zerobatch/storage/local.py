@@ -45,11 +45,14 @@ _pread: Any = types.ExternalFunction(
 @njit(nogil=True, cache=True)
 def _read_all(
     handles: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-    buffer: np.ndarray, destinations: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
+    buffer: np.ndarray, destinations: np.ndarray,
+    descriptors: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
 ) -> tuple[int, int]:
-    """Run every request; returns (-1, 0), or (request, status): status 0 means
-    the file ended early, -1 that the handle is not open, -2 that the request
-    does not fit the buffer."""
+    """Run every request, by ``pread(2)`` or by ``memcpy`` from the mappings.
+
+    Returns (-1, 0), or (request, status): status 0 means the file ended early
+    (or shrank, with pread), -1 that the handle is not open, -2 that the request
+    does not fit the buffer, -3 that ``pread`` failed."""
     base = buffer.ctypes.data
     for i in range(handles.shape[0]):
         h, start, length = handles[i], offsets[i], lengths[i]
@@ -59,27 +62,10 @@ def _read_all(
             return i, -1
         if start < 0 or start + length > sizes[h]:
             return i, 0
-        if length > 0:
-            _memcpy(base + destinations[i], addresses[h] + start, length)
-    return -1, 0
-
-
-@njit(nogil=True, cache=True)
-def _pread_all(
-    handles: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
-    buffer: np.ndarray, destinations: np.ndarray, descriptors: np.ndarray, sizes: np.ndarray,
-) -> tuple[int, int]:
-    """Like ``_read_all`` with ``pread(2)``; status 0 also when the file came back
-    short (it shrank), -3 when ``pread`` failed."""
-    base = buffer.ctypes.data
-    for i in range(handles.shape[0]):
-        h, start, length = handles[i], offsets[i], lengths[i]
-        if length < 0 or destinations[i] < 0 or destinations[i] + length > buffer.size:
-            return i, -2
-        if h < 0 or h >= sizes.shape[0] or sizes[h] < 0:
-            return i, -1
-        if start < 0 or start + length > sizes[h]:
-            return i, 0
+        if not use_pread:
+            if length > 0:
+                _memcpy(base + destinations[i], addresses[h] + start, length)
+            continue
         done = 0
         while done < length:
             got = _pread(np.intc(descriptors[h]), base + destinations[i] + done,
@@ -203,12 +189,9 @@ class LocalStorage:
         if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
             raise ValueError("buffer must be a C-contiguous uint8 vector")
         files = self._files  # holds the mappings alive until the copies are done
-        if self._method == "mmap":
-            short, status = _read_all(handles, offsets, lengths, buffer, destinations,
-                                      files.addresses, files.sizes)
-        else:
-            short, status = _pread_all(handles, offsets, lengths, buffer, destinations,
-                                       files.fds, files.sizes)
+        short, status = _read_all(handles, offsets, lengths, buffer, destinations,
+                                  files.fds, files.addresses, files.sizes,
+                                  self._method == "pread")
         if status == -3:
             raise OSError(f"request {short}: pread failed on handle {int(handles[short])}")
         if status == -2:
