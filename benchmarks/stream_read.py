@@ -123,7 +123,7 @@ def main() -> None:
     try:
         plain, ids, one = root / "plain", root / "ids", root / "one"
         # One shard, so the baselines can index the same bytes through one memmap.
-        _write(plain, args.tokens, values=None, shard_tokens=args.tokens)
+        _write(plain, args.tokens, values=None, shard_tokens=2 * args.tokens)
         _write(ids, args.tokens // 3, values="ids", shard_tokens=1 << 24)
         _write(one, args.tokens // 3, values="id", shard_tokens=1 << 24)
         sizes = [_warm(p) >> 20 for p in (plain, ids, one)]
