@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,24 +190,28 @@ class Dataset:
 
     def _docs_tables(self) -> typed.List:
         """Every shard's document offsets, mapped once (8 bytes per document)."""
-        docs = self._docs
-        if docs is not None:
-            return docs
+        if self._docs is None:
+            self._docs = self._map_tables(DOCS, lambda shard, table: (
+                None if table.shape[0] == shard.documents + 1 and table[0] == 0
+                and int(table[-1]) == shard.records
+                else f"expected {shard.documents + 1} offsets from 0 to {shard.records}"
+            ))
+        return self._docs
+
+    def _map_tables(
+        self, kind: str, problem: Callable[[Any, np.ndarray], str | None]
+    ) -> typed.List:
+        """Every shard's ``kind`` file mapped as offsets, each checked by
+        ``problem`` (a message, or None when the table is sound)."""
         with self._lock:
-            if self._docs is None:
-                tables = typed.List()
-                for i, shard in enumerate(self._manifest.shards):
-                    table = self._storage.map(shard.file(DOCS)).view(OFFSET_DTYPE)
-                    if table.shape[0] != shard.documents + 1 or table[0] != 0 or (
-                        int(table[-1]) != shard.records
-                    ):
-                        raise self._shard_error(
-                            i, DOCS, "offsets",
-                            f"expected {shard.documents + 1} offsets from 0 to {shard.records}",
-                        )
-                    tables.append(table)
-                self._docs = tables
-            return self._docs
+            tables = typed.List()
+            for i, shard in enumerate(self._manifest.shards):
+                table = self._storage.map(shard.file(kind)).view(OFFSET_DTYPE)
+                message = problem(shard, table)
+                if message is not None:
+                    raise self._shard_error(i, kind, "offsets", message)
+                tables.append(table)
+            return tables
 
     def _read_records(self, pieces: npt.NDArray[np.int64], buffer: np.ndarray) -> np.ndarray:
         """Read ``pieces`` into ``buffer`` (uint8, whole records); returns the records."""
@@ -233,22 +237,12 @@ class Dataset:
 
     def _index_tables(self) -> typed.List:
         """Every shard's metadata index, mapped once (8 bytes per entry)."""
-        index = self._index
-        if index is not None:
-            return index
-        with self._lock:
-            if self._index is None:
-                tables = typed.List()
-                for i, shard in enumerate(self._manifest.shards):
-                    table = self._storage.map(shard.file(META_INDEX)).view(OFFSET_DTYPE)
-                    if table.shape[0] != (shard.metadata_entries or 0) + 1:
-                        raise self._shard_error(
-                            i, META_INDEX, "offsets",
-                            f"expected {(shard.metadata_entries or 0) + 1} offsets",
-                        )
-                    tables.append(table)
-                self._index = tables
-            return self._index
+        if self._index is None:
+            self._index = self._map_tables(META_INDEX, lambda shard, table: (
+                None if table.shape[0] == (shard.metadata_entries or 0) + 1
+                else f"expected {(shard.metadata_entries or 0) + 1} offsets"
+            ))
+        return self._index
 
     def _metadata(
         self, records: np.ndarray, pieces: npt.NDArray[np.int64],
