@@ -166,13 +166,20 @@ class Dataset:
         table = self._handles[kind]
         handles = table[shards]
         if handles.size and handles.min() < 0:
-            with self._lock:
-                if self._closed:
-                    raise ValueError(f"{self._path} is closed")
-                for s in np.unique(shards[handles < 0]).tolist():
-                    table[s] = self._storage.open(self._manifest.shards[s].file(kind))
+            self._open(kind, shards[handles < 0])
             handles = table[shards]
         return handles
+
+    def _open(self, kind: str, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Open ``kind`` of ``shards`` where not open yet; returns the handle table."""
+        table = self._handles[kind]
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self._path} is closed")
+            for s in np.unique(shards).tolist():
+                if table[s] < 0:
+                    table[s] = self._storage.open(self._manifest.shards[s].file(kind))
+        return table
 
     def _read(
         self, kind: str, shards: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
@@ -309,6 +316,13 @@ class TokenWindows:
         self._span = seq_len + int(self._labels)
         self._len = max(0, (dataset.num_tokens - self._span) // stride + 1)
         self._dense = self._dense_schema()
+        manifest = dataset.manifest
+        # Token columns, then position_ids, share one dtype: planes of one [k, B, seq_len] array.
+        self._planes = 1 if self._dtype is None else 2 + int(self._labels)
+        self._plane_dtype = np.dtype(np.int32) if self._dtype is None else self._dtype
+        self._record_dtype = manifest.record_dtype
+        self._token_field = manifest.token_field
+        self._fields = tuple(manifest.fields)
 
     def _dense_schema(self) -> dict[str, FieldSchema]:
         """The schema of every column but the jagged ones, inferred as
@@ -341,36 +355,46 @@ class TokenWindows:
         allowed) as one Batch."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
         idx = _indices(indices)
-        pieces, bad = k.plan_windows(idx, self._stride, n, self._len, ds._shard_starts)
+        itemsize = self._record_dtype.itemsize
+        table = ds._handles[TOKENS]
+        pieces, requests, bad, closed = k.plan_windows(
+            idx, self._stride, n, self._len, ds._shard_starts, table, itemsize
+        )
         if bad >= 0:
             raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
+        if closed >= 0:
+            requests[0] = ds._open(TOKENS, pieces[:, k.SHARD])[pieces[:, k.SHARD]]
         b_count = idx.shape[0]
-        manifest = ds.manifest
-        dense = self._dense
-        # One buffer per batch, recycled once the batch is gone: records, then outputs.
-        out_dtype = self._dtype or np.dtype(np.int32)
-        pos_dtype = np.dtype(np.int64 if self._dtype == np.int64 else np.int32)
-        shape = (b_count, seq_len)
-        record_bytes = b_count * n * manifest.record_dtype.itemsize
-        outputs = 0 if self._dtype is None else 1 + int(self._labels)
-        buffer = ds._arena.take(
-            record_bytes + 4 * ALIGN + (outputs * out_dtype.itemsize + pos_dtype.itemsize) * b_count
-            * seq_len
+        # One buffer per batch, recycled once the batch is gone: records, then the planes.
+        record_bytes = -(-b_count * n * itemsize // ALIGN) * ALIGN
+        plane_items = self._planes * b_count * seq_len
+        buffer = ds._arena.take(record_bytes + plane_items * self._plane_dtype.itemsize)
+        raw = buffer[:record_bytes]
+        short = ds._storage.read_into(requests[0], requests[1], requests[2], raw, requests[3])
+        if short >= 0:
+            raise ds._shard_error(
+                int(pieces[short, k.SHARD]), TOKENS, "bytes",
+                f"file ends before byte {int(requests[1, short] + requests[2, short])}; "
+                "truncated or not fully written?",
+            )
+        records = raw[: b_count * n * itemsize].view(self._record_dtype).reshape(b_count, n)
+        field = self._token_field
+        tokens = records if field is None else records[field]
+        planes = buffer[record_bytes:].view(self._plane_dtype)[:plane_items].reshape(
+            self._planes, b_count, seq_len
         )
-        raw, offset = carve(buffer, 0, np.uint8, (record_bytes,))
-        records = ds._read_records(pieces, raw)
-        field = manifest.token_field
-        tokens = (records if field is None else records[field]).reshape(b_count, n)
-        decoded = shape if self._dtype is not None else (0, seq_len)
-        inputs, offset = carve(buffer, offset, out_dtype, decoded)
-        labels, offset = carve(buffer, offset, out_dtype, decoded if self._labels else (0, seq_len))
-        positions, offset = carve(buffer, offset, pos_dtype, shape)
+        positions = planes[-1]
+        if self._dtype is None:  # views of the read buffer, labels overlapping inputs
+            inputs = labels = planes[0, :0]
+        else:
+            inputs = planes[0]
+            labels = planes[1] if self._labels else planes[0, :0]
         cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
             tokens, pieces, n, seq_len, ds._docs_tables(), ds._doc_starts,
             inputs, labels, positions,
         )
         ds._check(code, shard)
-        if self._dtype is None:  # views of the read buffer, labels overlapping inputs
+        if self._dtype is None:
             inputs, labels = tokens[:, :seq_len], tokens[:, 1:]
         # Built valid here: Jagged and Batch skip the checks of their public constructors.
         columns: dict[str, Any] = {"input_ids": inputs}
@@ -379,17 +403,19 @@ class TokenWindows:
         columns["position_ids"] = positions
         columns["cu_seqlens"] = Jagged._unchecked(cu, cu_off)
         columns["doc_ids"] = Jagged._unchecked(doc_ids, doc_off)
-        for name in manifest.fields:
-            columns[name] = records[name].reshape(b_count, n)[:, :seq_len]
+        for name in self._fields:
+            columns[name] = records[name][:, :seq_len]
+        schema = dict(self._dense)
+        schema["cu_seqlens"] = FieldSchema("jagged", cu.dtype, (), cu_len)
+        schema["doc_ids"] = FieldSchema("jagged", doc_ids.dtype, (), doc_len)
         if ds.has_metadata:
             begin = np.arange(b_count, dtype=np.int64) * n
             length = np.full(b_count, seq_len, dtype=np.int64)
-            columns["metadata"] = ds._metadata(records, pieces, begin, length)
-        jagged = {"cu_seqlens": FieldSchema("jagged", cu.dtype, (), cu_len),
-                  "doc_ids": FieldSchema("jagged", doc_ids.dtype, (), doc_len),
-                  "metadata": _METADATA_SCHEMA if b_count else _EMPTY_METADATA_SCHEMA}
-        schema = {name: dense[name] if name in dense else jagged[name] for name in columns}
-        return Batch._trusted(columns, idx, schema)
+            columns["metadata"] = ds._metadata(
+                records.reshape(-1), pieces, begin, length
+            )
+            schema["metadata"] = _METADATA_SCHEMA if b_count else _EMPTY_METADATA_SCHEMA
+        return Batch._trusted(columns, idx, {name: schema[name] for name in columns})
 
 
 class Documents:
