@@ -53,7 +53,8 @@ def encode(meta: BatchMeta, columns: Mapping[str, Column]) -> list[Any]:
 
     Dense columns are sent as views of their memory (no copy); a jagged column
     is packed into one new buffer (one copy of its values); an objects column
-    is msgpack-encoded (str, bytes, int, float, bool, None, lists and maps).
+    is msgpack-encoded (str, bytes, int, float, bool, None, lists, maps and types
+    given to :func:`~zerobatch.columnar.wire.register_encoder`).
     Cost: O(B) + O(F) + the bytes of jagged and objects columns.
     """
     buffers: list[Any] = []

@@ -7,6 +7,7 @@ bytes received.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -14,15 +15,39 @@ import numpy as np
 
 from zerobatch.errors import FormatError
 
-__all__ = ["MAX_HEADER_BYTES", "expect", "pack", "read_array", "unpack"]
+__all__ = ["MAX_HEADER_BYTES", "expect", "pack", "read_array", "register_encoder", "unpack"]
 
 MAX_HEADER_BYTES = 64 << 20
 """Largest header (or objects frame) accepted, in bytes: 64 MiB."""
 
 
+_ENCODERS: dict[type, Callable[[Any], Any]] = {}
+
+
+def register_encoder(cls: type, encode: Callable[[Any], Any]) -> None:
+    """Let :func:`pack` send instances of ``cls`` (and subclasses) as ``encode(value)``.
+
+    ``encode`` must return msgpack-able plain data; receivers get that data
+    back, not ``cls``. Meant to be called once, when the module defining
+    ``cls`` is imported, so that ``zerobatch.columnar`` needs no import of it.
+    """
+    _ENCODERS[cls] = encode
+
+
+def _encode(value: Any) -> Any:
+    for cls in type(value).__mro__:
+        encode = _ENCODERS.get(cls)
+        if encode is not None:
+            return encode(value)
+    raise TypeError(f"can not serialize {type(value).__name__!r} object")
+
+
 def pack(value: Any) -> bytes:
-    """msgpack bytes of ``value`` (bin for bytes, str for str, no extension types)."""
-    return msgpack.packb(value, use_bin_type=True)
+    """msgpack bytes of ``value`` (bin for bytes, str for str, no extension types).
+
+    Types given to :func:`register_encoder` are packed as their plain data.
+    """
+    return msgpack.packb(value, use_bin_type=True, default=_encode)
 
 
 def unpack(buffer: Any, *, where: str, field: str | None = None) -> Any:
