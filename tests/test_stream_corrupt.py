@@ -39,9 +39,12 @@ def _poke(path: Path, dtype: str, position: int, value: int) -> None:
 
 
 def _read_all(path: Path) -> None:
+    """Read every window and document, and decode every metadata value."""
     ds = stream.open_dataset(path)
-    ds.windows(8).read(np.arange(len(ds.windows(8))))
-    ds.documents().read(np.arange(ds.num_documents))
+    for batch in (ds.windows(8).read(np.arange(len(ds.windows(8)))),
+                  ds.documents().read(np.arange(ds.num_documents))):
+        if "metadata" in batch:
+            assert all(len(list(spans)) == len(spans) for spans in batch["metadata"])
 
 
 def _expect(path: Path, file: str, field: str) -> None:
@@ -134,8 +137,11 @@ def test_undecodable_entry_found_by_verify(dataset: Path) -> None:
     data.write_bytes(b"\xc1" * data.stat().st_size)
     problems = stream.verify(dataset)
     assert {p.field for p in problems} == {"xxh3_64", "entries"}
-    with pytest.raises(FormatError, match=r"meta\.data"):
-        stream.open_dataset(dataset).documents().read([0, 1, 2])
+    batch = stream.open_dataset(dataset).documents().read([0, 1, 2])  # values decode lazily
+    assert [spans.starts.size for spans in batch["metadata"]] == [len(s) for s in batch["metadata"]]
+    for touch in (lambda spans: spans.values, list, lambda spans: spans[0]):
+        with pytest.raises(FormatError, match=r"meta\.data"):
+            touch(batch["metadata"][0])
 
 
 @settings(max_examples=40, deadline=None,

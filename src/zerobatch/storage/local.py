@@ -116,7 +116,9 @@ class _Files:
 def _map(descriptor: int) -> np.ndarray:
     """The whole file read-only, as uint8 (an empty array for an empty file)."""
     if os.fstat(descriptor).st_size == 0:
-        return np.zeros(0, dtype=np.uint8)
+        empty = np.zeros(0, dtype=np.uint8)
+        empty.setflags(write=False)  # like a mapping: one array type for Numba
+        return empty
     mapping = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)
     if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_RANDOM"):
         mapping.madvise(mmap.MADV_RANDOM)

@@ -234,54 +234,58 @@ def _piece_bounds(
 @njit(nogil=True, cache=True)
 def meta_spans(
     meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
-    entries: np.ndarray, index: list, data_sizes: np.ndarray,
+    entries: np.ndarray, index: list, data: list, head: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Runs of one metadata entry inside each observation's tokens, and the
-    bytes of their entries.
+    """Runs of one metadata entry inside each observation's tokens, and their
+    entries' bytes.
 
-    ``index`` holds each shard's ``.meta.index`` offsets (``entries + 1``).
+    ``index`` holds each shard's ``.meta.index`` offsets (``entries + 1``) and
+    ``data`` its ``.meta.data`` bytes. Within a piece entry ids must rise by
+    exactly one from run to run, so a piece's entries are one contiguous range
+    of its data file, found from its first and last id and copied at once.
     Returns (run starts and ends in observation coordinates, run offsets per
-    observation, data reads ``(Q, 4)``: shard, byte offset, bytes, destination
-    in the data buffer; entry bounds in the data buffer (runs + 1), code,
-    shard). Within a piece entry ids must rise by exactly one from run to run,
-    so a piece's entries are one contiguous range of its data file.
+    observation, the entries' bytes after ``head`` spare bytes, entry bounds
+    in them (runs + 1, from 0), code, shard).
     """
     b_count = obs_begin.shape[0]
-    first = np.full(pieces.shape[0], -1, np.int64)  # first entry of each piece
-    count = np.zeros(pieces.shape[0], np.int64)  # its runs
+    n_pieces = pieces.shape[0]
+    first = np.zeros(n_pieces, np.int64)
+    count = np.zeros(n_pieces, np.int64)
     fail = np.empty(0, np.int64)
-    guess = 0
-    for p in range(pieces.shape[0]):  # count and check (arrays sized once, no growth)
+    nothing = np.empty(0, np.uint8)
+    runs = np.int64(0)
+    size = np.int64(0)
+    for p in range(n_pieces):  # entries of each piece from its first and last id
         s = pieces[p, SHARD]
         t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
-        while t < hi:
-            mid = meta_ids[t]
-            if mid == _NO_METADATA:
-                t += 1
-                continue
-            value = np.int64(mid)
-            if value >= entries[s]:
-                return fail, fail, fail, fail.reshape(0, 4), fail, BAD_META_ID, s
-            if first[p] < 0:
-                first[p] = value
-            elif value != first[p] + count[p]:
-                return fail, fail, fail, fail.reshape(0, 4), fail, META_ORDER, s
-            count[p] += 1
-            end = _run_end(meta_ids, t, hi, mid, guess)
-            guess = end - t
-            t = end
-    runs = 0
-    for p in range(pieces.shape[0]):
-        runs += count[p]
+        while t < hi and meta_ids[t] == _NO_METADATA:
+            t += 1
+        if t == hi:
+            continue
+        u = hi - 1
+        while meta_ids[u] == _NO_METADATA:
+            u -= 1
+        a, z = np.int64(meta_ids[t]), np.int64(meta_ids[u])
+        if a >= entries[s] or z >= entries[s]:
+            return fail, fail, fail, nothing, fail, BAD_META_ID, s
+        if z < a:
+            return fail, fail, fail, nothing, fail, META_ORDER, s
+        offsets = index[s]
+        if offsets[z + 1] < offsets[a] or offsets[z + 1] > np.uint64(data[s].shape[0]):
+            return fail, fail, fail, nothing, fail, BAD_INDEX, s
+        first[p] = a
+        count[p] = z - a + 1
+        runs += z - a + 1
+        size += np.int64(offsets[z + 1] - offsets[a])
     starts = np.empty(runs, np.int64)
     ends = np.empty(runs, np.int64)
     bounds = np.zeros(runs + 1, np.int64)
     run_offsets = np.zeros(b_count + 1, np.int64)
-    reads = np.empty((pieces.shape[0], 4), np.int64)
+    out = np.empty(head + size, np.uint8)
     r = 0
-    q = 0
     dest = np.int64(0)
-    for p in range(pieces.shape[0]):
+    guess = 0
+    for p in range(n_pieces):
         b, s = pieces[p, OBS], pieces[p, SHARD]
         t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
         r0 = r
@@ -290,6 +294,10 @@ def meta_spans(
             if mid == _NO_METADATA:
                 t += 1
                 continue
+            if np.int64(mid) >= entries[s]:
+                return fail, fail, fail, nothing, fail, BAD_META_ID, s
+            if r - r0 >= count[p] or np.int64(mid) != first[p] + r - r0:
+                return fail, fail, fail, nothing, fail, META_ORDER, s
             starts[r] = t - obs_begin[b]
             end = _run_end(meta_ids, t, hi, mid, guess)
             guess = end - t
@@ -303,16 +311,13 @@ def meta_spans(
         a, z = first[p], first[p] + count[p]
         for e in range(a, z):
             if offsets[e + 1] < offsets[e]:
-                return fail, fail, fail, fail.reshape(0, 4), fail, BAD_INDEX, s
+                return fail, fail, fail, nothing, fail, BAD_INDEX, s
             bounds[r0 + 1 + e - a] = dest + np.int64(offsets[e + 1] - offsets[a])
-        if offsets[z] > np.uint64(data_sizes[s]):
-            return fail, fail, fail, fail.reshape(0, 4), fail, BAD_INDEX, s
-        reads[q, 0] = s
-        reads[q, 1] = np.int64(offsets[a])
-        reads[q, 2] = np.int64(offsets[z] - offsets[a])
-        reads[q, 3] = dest
-        dest += reads[q, 2]
-        q += 1
+        length = np.int64(offsets[z] - offsets[a])
+        source = data[s]
+        start = np.int64(offsets[a])
+        out[head + dest : head + dest + length] = source[start : start + length]
+        dest += length
     for b in range(1, b_count + 1):
         run_offsets[b] = max(run_offsets[b], run_offsets[b - 1])
-    return starts, ends, run_offsets, reads[:q], bounds, OK, 0
+    return starts, ends, run_offsets, out, bounds, OK, 0

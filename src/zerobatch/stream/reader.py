@@ -13,7 +13,6 @@ All three are immutable and thread-safe: any number of threads may call
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -42,11 +41,12 @@ from zerobatch.stream.manifest import (
     read_manifest,
 )
 from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
+from zerobatch.stream.spans import Spans, SpanTable
 
 __all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
 
 _HEAD = 8  # spare bytes before metadata entries (see serializers.loads_many)
-_METADATA_SCHEMA = FieldSchema("objects", "list")  # per window, a list of (start, end, value)
+_METADATA_SCHEMA = FieldSchema("objects", "Spans")  # per window, its (start, end, value) spans
 _EMPTY_METADATA_SCHEMA = FieldSchema("objects", "object")  # what from_columns infers for []
 _TOKEN_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
 
@@ -91,13 +91,11 @@ class Dataset:
             [[0], np.cumsum([s.documents for s in shards])]
         ).astype(np.int64)
         self._entries = np.array([s.metadata_entries or 0 for s in shards], dtype=np.int64)
-        self._data_sizes = np.array(
-            [s.files[META_DATA][0] if META_DATA in s.files else 0 for s in shards], dtype=np.int64
-        )
         self._handles = {kind: np.full(len(shards), -1, dtype=np.int64)
-                         for kind in (TOKENS, META_INDEX, META_DATA)}
+                         for kind in (TOKENS,)}
         self._docs: typed.List | None = None
         self._index: typed.List | None = None
+        self._data: typed.List | None = None
         self._arena = Arena()
         self._lock = threading.Lock()
         self._closed = False
@@ -206,14 +204,15 @@ class Dataset:
         return self._docs
 
     def _map_tables(
-        self, kind: str, problem: Callable[[Any, np.ndarray], str | None]
+        self, kind: str, problem: Callable[[Any, np.ndarray], str | None],
+        dtype: np.dtype = OFFSET_DTYPE,
     ) -> typed.List:
-        """Every shard's ``kind`` file mapped as offsets, each checked by
+        """Every shard's ``kind`` file mapped as ``dtype``, each checked by
         ``problem`` (a message, or None when the table is sound)."""
         with self._lock:
             tables = typed.List()
             for i, shard in enumerate(self._manifest.shards):
-                table = self._storage.map(shard.file(kind)).view(OFFSET_DTYPE)
+                table = self._storage.map(shard.file(kind)).view(dtype)
                 message = problem(shard, table)
                 if message is not None:
                     raise self._shard_error(i, kind, "offsets", message)
@@ -251,30 +250,40 @@ class Dataset:
             ))
         return self._index
 
+    def _data_maps(self) -> typed.List:
+        """Every shard's metadata data file, mapped once, as bytes."""
+        if self._data is None:
+            self._data = self._map_tables(META_DATA, lambda shard, data: (
+                None if data.shape[0] == shard.files[META_DATA][0]
+                else f"expected {shard.files[META_DATA][0]} bytes"
+            ), np.dtype(np.uint8))
+        return self._data
+
     def _metadata(
         self, records: np.ndarray, pieces: npt.NDArray[np.int64],
         obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64],
-    ) -> list[list[tuple[int, int, Any]]]:
-        """Per observation, ``(start, end, value)`` of each entry it overlaps.
+    ) -> list[Spans]:
+        """Per observation, the ``(start, end, value)`` of each entry it overlaps.
 
-        One kernel finds the runs and their entries' byte ranges (from the
-        mapped index), one ``read_into`` fetches the bytes, one call decodes
-        every value; the tuples are built by ``zip`` and sliced per observation.
+        One kernel finds the runs and copies their entries' bytes (from the
+        mapped index and data files); values are decoded by one call when first
+        asked for (see ``SpanTable``).
         """
-        starts, ends, run_offsets, reads, bounds, code, shard = k.meta_spans(
+        starts, ends, run_offsets, data, bounds, code, shard = k.meta_spans(
             records[META_ID], pieces, obs_begin, obs_len, self._entries, self._index_tables(),
-            self._data_sizes,
+            self._data_maps(), _HEAD,
         )
         self._check(code, shard)
-        data = np.empty(_HEAD + int(bounds[-1]), dtype=np.uint8)
-        self._read(META_DATA, reads[:, 0], reads[:, 1], reads[:, 2], data, reads[:, 3] + _HEAD)
-        try:
-            values = loads_many(self._serializer, data, bounds, _HEAD)
-        except Exception as error:
-            raise FormatError(f"cannot decode metadata entries ({error})",
-                              path=self._path, field=META_DATA) from error
-        triples = list(zip(starts.tolist(), ends.tolist(), values, strict=True))
-        return [triples[a:b] for a, b in itertools.pairwise(run_offsets.tolist())]
+        serializer, path = self._serializer, self._path
+
+        def decode() -> list[Any]:
+            try:
+                return loads_many(serializer, data, bounds, _HEAD)
+            except Exception as error:
+                raise FormatError(f"cannot decode metadata entries ({error})",
+                                  path=path, field=META_DATA) from error
+
+        return SpanTable(starts, ends, run_offsets, decode).observations()
 
 
 class TokenWindows:
@@ -389,6 +398,11 @@ class TokenWindows:
         else:
             inputs = planes[0]
             labels = planes[1] if self._labels else planes[0, :0]
+        metadata = None
+        if ds.has_metadata:  # first, while the records are still in cache
+            begin = np.arange(b_count, dtype=np.int64) * n
+            length = np.full(b_count, seq_len, dtype=np.int64)
+            metadata = ds._metadata(records.reshape(-1), pieces, begin, length)
         cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
             tokens, pieces, n, seq_len, ds._docs_tables(), ds._doc_starts,
             inputs, labels, positions,
@@ -408,12 +422,8 @@ class TokenWindows:
         schema = dict(self._dense)
         schema["cu_seqlens"] = FieldSchema("jagged", cu.dtype, (), cu_len)
         schema["doc_ids"] = FieldSchema("jagged", doc_ids.dtype, (), doc_len)
-        if ds.has_metadata:
-            begin = np.arange(b_count, dtype=np.int64) * n
-            length = np.full(b_count, seq_len, dtype=np.int64)
-            columns["metadata"] = ds._metadata(
-                records.reshape(-1), pieces, begin, length
-            )
+        if metadata is not None:
+            columns["metadata"] = metadata
             schema["metadata"] = _METADATA_SCHEMA if b_count else _EMPTY_METADATA_SCHEMA
         return Batch._trusted(columns, idx, {name: schema[name] for name in columns})
 
