@@ -131,22 +131,24 @@ def window_columns(
     """
     b_count = tokens.shape[0]
     nseg = np.zeros(b_count, np.int64)
+    spans = np.zeros((pieces.shape[0], 2), np.int64)  # documents [k0, k1) of each piece
     for p in range(pieces.shape[0]):
         b, s, a = pieces[p, OBS], pieces[p, SHARD], pieces[p, START]
         m = min(pieces[p, LENGTH], seq_len - (pieces[p, DEST] - b * n))
         if m <= 0:
             continue
         table = docs[s]
-        k0 = np.searchsorted(table, a, side="right") - 1
-        k1 = np.searchsorted(table, a + m, side="left")
+        first, end = np.uint64(a), np.uint64(a + m)
         # Offsets must rise from k0 to k1 and bracket [a, a + m); else the file lies.
-        if k0 < 0 or k1 <= k0 or k1 >= table.shape[0]:
+        k0 = np.searchsorted(table, first, side="right") - 1
+        if k0 < 0 or k0 + 1 >= table.shape[0] or not table[k0] <= first < table[k0 + 1]:
             return nseg, np.empty(0, np.int32), nseg, nseg, nseg, nseg, BAD_DOCS, s
-        if not table[k0] <= a < table[k0 + 1] or not table[k1 - 1] < a + m <= table[k1]:
-            return nseg, np.empty(0, np.int32), nseg, nseg, nseg, nseg, BAD_DOCS, s
-        for j in range(k0, k1):
-            if table[j] >= table[j + 1]:
+        k1 = k0 + 1  # a window spans few documents: walk instead of a second search
+        while table[k1] < end:
+            if k1 + 1 >= table.shape[0] or table[k1 + 1] <= table[k1]:
                 return nseg, np.empty(0, np.int32), nseg, nseg, nseg, nseg, BAD_DOCS, s
+            k1 += 1
+        spans[p, 0], spans[p, 1] = k0, k1
         nseg[b] += k1 - k0
     doc_offsets = np.zeros(b_count + 1, np.int64)
     cu_offsets = np.zeros(b_count + 1, np.int64)
@@ -165,8 +167,7 @@ def window_columns(
         if m <= 0:
             continue
         table = docs[s]
-        k0 = np.searchsorted(table, a, side="right") - 1
-        k1 = np.searchsorted(table, a + m, side="left")
+        k0, k1 = spans[p, 0], spans[p, 1]
         for j in range(k0, k1):
             start = c if j == k0 else c + np.int64(table[j]) - a
             cu[cu_offsets[b] + filled[b]] = start
