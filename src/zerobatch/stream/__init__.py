@@ -6,7 +6,10 @@ The layout is specified in ``zerobatch.stream.manifest``. In short::
         writer.add_document([5, 6, 7, 8], spans=[(1, 3, {"concept": 14})])
     windows = open_dataset("corpus").windows(2)
     batch = windows.read([0])  # input_ids [[5, 6]], labels [[6, 7]],
-                               # metadata [[(1, 2, {"concept": 14})]]
+                               # metadata == [[(1, 2, {"concept": 14})]]
+
+``batch["metadata"]`` holds one ``Spans`` per observation: a read-only sequence
+of ``(start, end, value)`` whose values are decoded on first use.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from zerobatch.stream.combine import combine
 from zerobatch.stream.manifest import Tokenizer, is_dataset
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows, open_dataset
+from zerobatch.stream.spans import Spans, SpanTable
 from zerobatch.stream.verify import Problem, describe, format_problems, verify
 from zerobatch.stream.writer import StreamWriter
 
@@ -21,6 +25,8 @@ __all__ = [
     "Dataset",
     "Documents",
     "Problem",
+    "SpanTable",
+    "Spans",
     "StreamWriter",
     "TokenWindows",
     "Tokenizer",

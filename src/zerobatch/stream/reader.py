@@ -3,9 +3,10 @@
 ``Dataset`` is the opened folder; ``TokenWindows`` and ``Documents`` are
 random-access sources over it (``len(src)``, ``src.read(indices) -> Batch``).
 A batch is planned by Numba kernels, read with one ``Storage.read_into`` call
-per file kind into one recycled buffer, and decoded without a Python loop per
-sample: one GIL-free pass writes every token column of a window batch
-(metadata values are Python objects, decoded in one call per batch).
+into one recycled buffer, and decoded without a Python loop per sample: one
+GIL-free pass writes every token column of a window batch. Span metadata comes
+from the mapped index and data files in one more kernel call; its values are
+Python objects, decoded in one call per batch when first used (``Spans``).
 
 All three are immutable and thread-safe: any number of threads may call
 ``read`` at once. Files are opened lazily and kept open until ``close()``.
@@ -298,9 +299,10 @@ class TokenWindows:
     int32, per window the segment starts then ``seq_len``), ``doc_ids`` (jagged
     int64, the global document id of each segment), each per-token field
     (``[B, seq_len]``, aligned with ``input_ids``, views of the read buffer) and,
-    with span metadata, ``metadata``: per window a list of ``(start, end,
-    value)`` in window coordinates, clipped to the window. Global indexes in the
-    batch meta are the observation indices. Immutable and thread-safe.
+    with span metadata, ``metadata``: per window a ``Spans``, the sequence of
+    ``(start, end, value)`` in window coordinates, clipped to the window (its
+    ``starts``/``ends`` are arrays; values decode on first use). Global indexes
+    in the batch meta are the observation indices. Immutable and thread-safe.
 
     ``dtype`` sets the token columns: ``"int64"`` (default), ``"int32"``, or
     ``"stored"`` (``input_ids`` and ``labels`` are then overlapping views of
@@ -433,7 +435,7 @@ class Documents:
 
     ``read(indices)`` returns a ``Batch`` with jagged ``input_ids``, jagged
     per-token fields, ``doc_ids`` (``[B]`` int64) and, with span metadata,
-    ``metadata``: per document a list of ``(start, end, value)`` in document
+    ``metadata``: per document a ``Spans`` of ``(start, end, value)`` in document
     coordinates (a document's own metadata is ``(0, len, value)``), clipped to
     ``max_len``. ``dtype`` is as for ``TokenWindows``. Immutable and thread-safe.
     """
