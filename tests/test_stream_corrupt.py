@@ -78,6 +78,17 @@ def test_truncated_file_read_after_open(dataset: Path) -> None:
         ds.windows(8).read([len(ds.windows(8)) - 1])
 
 
+@pytest.mark.parametrize("suffix", ["meta.data", "meta.index", "docs"])
+@pytest.mark.parametrize("cut", [1, 8])
+def test_offsets_or_data_truncated_after_open(dataset: Path, suffix: str, cut: int) -> None:
+    ds = stream.open_dataset(dataset)
+    target = dataset / f"00000.{suffix}"
+    target.write_bytes(target.read_bytes()[:-cut])
+    with pytest.raises(FormatError, match=rf"00000\.{suffix}") as info:
+        ds.windows(8).read([0])
+    assert info.value.field == "offsets"
+
+
 @pytest.mark.parametrize(("position", "value"), [(3, 0), (3, 10**9), (-1, 5)])
 def test_document_offsets(dataset: Path, position: int, value: int) -> None:
     _poke(dataset / "00000.docs", "<u8", position, value)
@@ -90,14 +101,49 @@ def test_metadata_index(dataset: Path, position: int, value: int) -> None:
     _expect(dataset, "00000.meta.index", "offsets")
 
 
-@pytest.mark.parametrize("value", [10**6, 0])
-def test_metadata_ids(dataset: Path, value: int) -> None:
-    dtype = stream.open_dataset(dataset).manifest.record_dtype
-    records = np.memmap(dataset / "00000.tokens", dtype=dtype, mode="r+")
-    used = np.flatnonzero(records["meta_id"] != 2**32 - 1)
-    records["meta_id"][used[-1]] = value
+def _run_starts(records: np.ndarray) -> np.ndarray:
+    """Positions of the first token of each run of one metadata id."""
+    ids = records["meta_id"].astype(np.int64)
+    return np.flatnonzero((ids != 2**32 - 1) & (np.diff(ids, prepend=-1) != 0))
+
+
+@pytest.mark.parametrize("where", [0.0, 0.5, 1.0])  # the first, a middle or the last run
+@pytest.mark.parametrize(("kind", "message"), [("range", "out of range"),
+                                               ("order", "rise by one")])
+def test_metadata_ids(dataset: Path, where: float, kind: str, message: str) -> None:
+    ds = stream.open_dataset(dataset)
+    records = np.memmap(dataset / "00000.tokens", dtype=ds.manifest.record_dtype, mode="r+")
+    starts = _run_starts(records)
+    position = starts[round(where * (len(starts) - 1))]
+    old = int(records["meta_id"][position])
+    records["meta_id"][position] = 10**6 if kind == "range" else (0 if old else 1)
     records.flush()
     _expect(dataset, "00000.tokens", "meta_id")
+    with pytest.raises(FormatError, match=message):
+        _read_all(dataset)
+
+
+@pytest.mark.parametrize("pick", [0.1, 0.5, 0.9])
+def test_metadata_id_inside_a_run(dataset: Path, pick: float) -> None:
+    """Reads find a run's end by probing, so an id strictly inside a run is
+    checked only if a probe lands on it: the read then fails, else its output is
+    unchanged. verify reads every id and always reports it."""
+    ds = stream.open_dataset(dataset)
+    windows = ds.windows(8)
+    before = [s.tolist() for s in windows.read(np.arange(len(windows)))["metadata"]]
+    records = np.memmap(dataset / "00000.tokens", dtype=ds.manifest.record_dtype, mode="r+")
+    ids = records["meta_id"]
+    inside = np.flatnonzero((ids[1:-1] == ids[:-2]) & (ids[1:-1] == ids[2:])
+                            & (ids[1:-1] != 2**32 - 1)) + 1
+    records["meta_id"][inside[round(pick * (len(inside) - 1))]] = 10**6
+    records.flush()
+    again = stream.open_dataset(dataset).windows(8)
+    try:
+        assert again.read(np.arange(len(again)))["metadata"] == before
+    except FormatError as error:
+        assert error.field == "meta_id" and "00000.tokens" in str(error.path)
+    problems = stream.verify(dataset)
+    assert any(p.field == "meta_id" and str(p.path).endswith("00000.tokens") for p in problems)
 
 
 @pytest.mark.parametrize(("key", "value", "field"), [

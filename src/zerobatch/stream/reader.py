@@ -213,7 +213,11 @@ class Dataset:
         with self._lock:
             tables = typed.List()
             for i, shard in enumerate(self._manifest.shards):
-                table = self._storage.map(shard.file(kind)).view(dtype)
+                raw = self._storage.map(shard.file(kind))
+                if raw.shape[0] % dtype.itemsize:
+                    raise self._shard_error(i, kind, "offsets", f"{raw.shape[0]} bytes is not a "
+                                            f"whole number of {dtype.itemsize}-byte entries")
+                table = raw.view(dtype)
                 message = problem(shard, table)
                 if message is not None:
                     raise self._shard_error(i, kind, "offsets", message)
