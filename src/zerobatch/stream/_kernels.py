@@ -180,13 +180,14 @@ def window_columns(
         cu[last] = seq_len
         source = tokens[b]
         if decode:
-            target = inputs[b]
+            decoded = inputs[b]
             for t in range(seq_len):  # row views: the loops vectorize
-                target[t] = source[t]
-            if shifted:
+                decoded[t] = source[t]
+            if shifted:  # from the decoded row: contiguous even when records are not
                 target = labels[b]
-                for t in range(seq_len):
-                    target[t] = source[t + 1]
+                for t in range(seq_len - 1):
+                    target[t] = decoded[t + 1]
+                target[seq_len - 1] = source[seq_len]
         row = positions[b]
         for q in range(cu_offsets[b], last):
             segment = row[np.int64(cu[q]) : np.int64(cu[q + 1])]
