@@ -22,6 +22,7 @@ __all__ = [
     "plan_documents",
     "plan_windows",
     "window_columns",
+    "window_columns_meta",
 ]
 
 OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX = 0, 1, 2, 3, 4
@@ -115,21 +116,12 @@ def plan_documents(
 
 
 @njit(nogil=True, cache=True)
-def window_columns(
-    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int,
-    docs: list, doc_starts: np.ndarray,
-    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+def _segments(
+    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Every column of a window batch in one pass over ``tokens`` (``[B, n]``).
-
-    Writes ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]`` cast
-    (skipped when ``inputs`` has no rows; ``labels`` may have none) and
-    ``positions`` (0 at the window start and at each document start), row by
-    row, so each row is read once while it is in cache. Returns (cu_seqlens
-    offsets, values and per-window lengths, doc-id offsets, doc ids and
-    per-window lengths, code, shard).
-    """
-    b_count = tokens.shape[0]
+    """The document segments of each window: (cu_seqlens offsets, values and
+    per-window lengths, doc-id offsets, doc ids and per-window lengths, code,
+    shard). ``cu`` ends each window with ``seq_len``."""
     nseg = np.zeros(b_count, np.int64)
     spans = np.zeros((pieces.shape[0], 2), np.int64)  # documents [k0, k1) of each piece
     for p in range(pieces.shape[0]):
@@ -167,33 +159,98 @@ def window_columns(
         if m <= 0:
             continue
         table = docs[s]
-        k0, k1 = spans[p, 0], spans[p, 1]
-        for j in range(k0, k1):
-            start = c if j == k0 else c + np.int64(table[j]) - a
+        for j in range(spans[p, 0], spans[p, 1]):
+            start = c if j == spans[p, 0] else c + np.int64(table[j]) - a
             cu[cu_offsets[b] + filled[b]] = start
             ids[doc_offsets[b] + filled[b]] = doc_starts[s] + j
             filled[b] += 1
-    decode = inputs.shape[0] > 0
-    shifted = labels.shape[0] > 0
     for b in range(b_count):
-        last = cu_offsets[b + 1] - 1
-        cu[last] = seq_len
-        source = tokens[b]
-        if decode:
-            decoded = inputs[b]
-            for t in range(seq_len):  # row views: the loops vectorize
-                decoded[t] = source[t]
-            if shifted:  # from the decoded row: contiguous even when records are not
-                target = labels[b]
-                for t in range(seq_len - 1):
-                    target[t] = decoded[t + 1]
-                target[seq_len - 1] = source[seq_len]
-        row = positions[b]
-        for q in range(cu_offsets[b], last):
-            segment = row[np.int64(cu[q]) : np.int64(cu[q + 1])]
-            for t in range(segment.shape[0]):
-                segment[t] = t
+        cu[cu_offsets[b + 1] - 1] = seq_len
     return cu_offsets, cu, cu_lengths, doc_offsets, ids, nseg, OK, 0
+
+
+@njit(nogil=True, cache=True)
+def _decode_row(
+    b: int, tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+    positions: np.ndarray, cu: np.ndarray, cu_offsets: np.ndarray,
+) -> None:
+    """Row ``b`` of ``inputs`` and ``labels`` (when they have rows) and of
+    ``positions`` (0 at the window start and at each document start)."""
+    source = tokens[b]
+    if inputs.shape[0] > 0:
+        decoded = inputs[b]
+        for t in range(seq_len):  # row views: the loops vectorize
+            decoded[t] = source[t]
+        if labels.shape[0] > 0:  # from the decoded row: contiguous even when records are not
+            target = labels[b]
+            for t in range(seq_len - 1):
+                target[t] = decoded[t + 1]
+            target[seq_len - 1] = source[seq_len]
+    row = positions[b]
+    for q in range(cu_offsets[b], cu_offsets[b + 1] - 1):
+        segment = row[np.int64(cu[q]) : np.int64(cu[q + 1])]
+        for t in range(segment.shape[0]):
+            segment[t] = t
+
+
+@njit(nogil=True, cache=True)
+def window_columns(
+    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int,
+    docs: list, doc_starts: np.ndarray,
+    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Every column of a window batch in one pass over ``tokens`` (``[B, n]``).
+
+    Writes ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]`` cast
+    (skipped when ``inputs`` has no rows; ``labels`` may have none) and
+    ``positions``, row by row, so each row is read once while it is in cache.
+    Returns what ``_segments`` returns.
+    """
+    segments = _segments(pieces, tokens.shape[0], n, seq_len, docs, doc_starts)
+    cu_offsets, cu, code = segments[0], segments[1], segments[6]
+    if code == OK:
+        for b in range(tokens.shape[0]):
+            _decode_row(b, tokens, seq_len, inputs, labels, positions, cu, cu_offsets)
+    return segments
+
+
+@njit(nogil=True, cache=True)
+def window_columns_meta(
+    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int,
+    docs: list, doc_starts: np.ndarray,
+    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+    meta_ids: np.ndarray, entries: np.ndarray, index: list, data: list, head: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+           np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """``window_columns`` and ``meta_spans`` in one pass: each row's metadata
+    runs are walked right after the row is decoded, while it is in cache.
+
+    Returns ``window_columns``'s six arrays, then ``meta_spans``'s five, then
+    (code, shard).
+    """
+    b_count = tokens.shape[0]
+    cu_offsets, cu, cu_lengths, doc_offsets, ids, nseg, code, shard = _segments(
+        pieces, b_count, n, seq_len, docs, doc_starts
+    )
+    obs_begin = np.arange(b_count) * n
+    obs_len = np.full(b_count, seq_len, np.int64)
+    first, count, starts, ends, run_offsets, out, bounds, meta_code, meta_shard = _meta_plan(
+        meta_ids, pieces, obs_begin, obs_len, entries, index, data, head
+    )
+    if code == OK:
+        code, shard = meta_code, meta_shard
+    cursor = np.zeros(3, np.int64)
+    p = 0
+    for b in range(b_count if code == OK else 0):
+        _decode_row(b, tokens, seq_len, inputs, labels, positions, cu, cu_offsets)
+        while p < pieces.shape[0] and pieces[p, OBS] == b and code == OK:
+            code = _meta_fill(p, cursor, meta_ids, pieces, obs_begin, obs_len, entries, index,
+                              data, head, first, count, starts, ends, run_offsets, out, bounds)
+            shard = pieces[p, SHARD]
+            p += 1
+    _spread(run_offsets)
+    return (cu_offsets, cu, cu_lengths, doc_offsets, ids, nseg,
+            starts, ends, run_offsets, out, bounds, code, shard if code != OK else 0)
 
 
 @njit(nogil=True, cache=True)
@@ -234,6 +291,107 @@ def _piece_bounds(
 
 
 @njit(nogil=True, cache=True)
+def _meta_plan(
+    meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
+    entries: np.ndarray, index: list, data: list, head: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+           np.ndarray, int, int]:
+    """Each piece's entries from its first and last id, and the outputs sized
+    for them: (first, count, starts, ends, run_offsets, bytes, bounds, code,
+    shard)."""
+    b_count = obs_begin.shape[0]
+    n_pieces = pieces.shape[0]
+    first = np.zeros(n_pieces, np.int64)
+    count = np.zeros(n_pieces, np.int64)
+    runs = np.int64(0)
+    size = np.int64(0)
+    code, shard = OK, 0
+    for p in range(n_pieces):
+        s = pieces[p, SHARD]
+        t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
+        while t < hi and meta_ids[t] == _NO_METADATA:
+            t += 1
+        if t == hi:
+            continue
+        u = hi - 1
+        while meta_ids[u] == _NO_METADATA:
+            u -= 1
+        a, z = np.int64(meta_ids[t]), np.int64(meta_ids[u])
+        if a >= entries[s] or z >= entries[s]:
+            code, shard = BAD_META_ID, s
+            break
+        if z < a:
+            code, shard = META_ORDER, s
+            break
+        offsets = index[s]
+        if offsets[z + 1] < offsets[a] or offsets[z + 1] > np.uint64(data[s].shape[0]):
+            code, shard = BAD_INDEX, s
+            break
+        first[p] = a
+        count[p] = z - a + 1
+        runs += z - a + 1
+        size += np.int64(offsets[z + 1] - offsets[a])
+    if code != OK:
+        runs, size = np.int64(0), np.int64(0)
+    return (first, count, np.empty(runs, np.int64), np.empty(runs, np.int64),
+            np.zeros(b_count + 1, np.int64), np.empty(head + size, np.uint8),
+            np.zeros(runs + 1, np.int64), code, shard)
+
+
+@njit(nogil=True, cache=True)
+def _meta_fill(
+    p: int, cursor: np.ndarray, meta_ids: np.ndarray, pieces: np.ndarray,
+    obs_begin: np.ndarray, obs_len: np.ndarray, entries: np.ndarray, index: list, data: list,
+    head: int, first: np.ndarray, count: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+    run_offsets: np.ndarray, out: np.ndarray, bounds: np.ndarray,
+) -> int:
+    """Walk piece ``p``'s runs and copy its entries; ``cursor`` holds (next
+    run, next byte, last run length) across pieces. Returns a code."""
+    b, s = pieces[p, OBS], pieces[p, SHARD]
+    t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
+    r, dest, guess = cursor[0], cursor[1], cursor[2]
+    r0 = r
+    origin = obs_begin[b]
+    expect, last = first[p], first[p] + count[p]
+    while t < hi:
+        mid = meta_ids[t]
+        if mid == _NO_METADATA:
+            t += 1
+            continue
+        if np.int64(mid) != expect or expect >= last:
+            return BAD_META_ID if np.int64(mid) >= entries[s] else META_ORDER
+        expect += 1
+        starts[r] = t - origin
+        end = _run_end(meta_ids, t, hi, mid, guess)
+        guess = end - t
+        t = end
+        ends[r] = t - origin
+        r += 1
+    run_offsets[b + 1] = r
+    if count[p] > 0:
+        offsets = index[s]
+        a, z = first[p], first[p] + count[p]
+        for e in range(a, z):
+            if offsets[e + 1] < offsets[e]:
+                return BAD_INDEX
+            bounds[r0 + 1 + e - a] = dest + np.int64(offsets[e + 1] - offsets[a])
+        length = np.int64(offsets[z] - offsets[a])
+        source = data[s]
+        start = np.int64(offsets[a])
+        out[head + dest : head + dest + length] = source[start : start + length]
+        dest += length
+    cursor[0], cursor[1], cursor[2] = r, dest, guess
+    return OK
+
+
+@njit(nogil=True, cache=True)
+def _spread(run_offsets: np.ndarray) -> None:
+    """Observations without runs end where the previous one ends."""
+    for b in range(1, run_offsets.shape[0]):
+        run_offsets[b] = max(run_offsets[b], run_offsets[b - 1])
+
+
+@njit(nogil=True, cache=True)
 def meta_spans(
     meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
     entries: np.ndarray, index: list, data: list, head: int,
@@ -249,77 +407,14 @@ def meta_spans(
     observation, the entries' bytes after ``head`` spare bytes, entry bounds
     in them (runs + 1, from 0), code, shard).
     """
-    b_count = obs_begin.shape[0]
-    n_pieces = pieces.shape[0]
-    first = np.zeros(n_pieces, np.int64)
-    count = np.zeros(n_pieces, np.int64)
-    fail = np.empty(0, np.int64)
-    nothing = np.empty(0, np.uint8)
-    runs = np.int64(0)
-    size = np.int64(0)
-    for p in range(n_pieces):  # entries of each piece from its first and last id
-        s = pieces[p, SHARD]
-        t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
-        while t < hi and meta_ids[t] == _NO_METADATA:
-            t += 1
-        if t == hi:
-            continue
-        u = hi - 1
-        while meta_ids[u] == _NO_METADATA:
-            u -= 1
-        a, z = np.int64(meta_ids[t]), np.int64(meta_ids[u])
-        if a >= entries[s] or z >= entries[s]:
-            return fail, fail, fail, nothing, fail, BAD_META_ID, s
-        if z < a:
-            return fail, fail, fail, nothing, fail, META_ORDER, s
-        offsets = index[s]
-        if offsets[z + 1] < offsets[a] or offsets[z + 1] > np.uint64(data[s].shape[0]):
-            return fail, fail, fail, nothing, fail, BAD_INDEX, s
-        first[p] = a
-        count[p] = z - a + 1
-        runs += z - a + 1
-        size += np.int64(offsets[z + 1] - offsets[a])
-    starts = np.empty(runs, np.int64)
-    ends = np.empty(runs, np.int64)
-    bounds = np.zeros(runs + 1, np.int64)
-    run_offsets = np.zeros(b_count + 1, np.int64)
-    out = np.empty(head + size, np.uint8)
-    r = 0
-    dest = np.int64(0)
-    guess = 0
-    for p in range(n_pieces):
-        b, s = pieces[p, OBS], pieces[p, SHARD]
-        t, hi = _piece_bounds(pieces, p, obs_begin, obs_len)
-        r0 = r
-        while t < hi:
-            mid = meta_ids[t]
-            if mid == _NO_METADATA:
-                t += 1
-                continue
-            if np.int64(mid) >= entries[s]:
-                return fail, fail, fail, nothing, fail, BAD_META_ID, s
-            if r - r0 >= count[p] or np.int64(mid) != first[p] + r - r0:
-                return fail, fail, fail, nothing, fail, META_ORDER, s
-            starts[r] = t - obs_begin[b]
-            end = _run_end(meta_ids, t, hi, mid, guess)
-            guess = end - t
-            t = end
-            ends[r] = t - obs_begin[b]
-            r += 1
-        run_offsets[b + 1] = r
-        if count[p] == 0:
-            continue
-        offsets = index[s]
-        a, z = first[p], first[p] + count[p]
-        for e in range(a, z):
-            if offsets[e + 1] < offsets[e]:
-                return fail, fail, fail, nothing, fail, BAD_INDEX, s
-            bounds[r0 + 1 + e - a] = dest + np.int64(offsets[e + 1] - offsets[a])
-        length = np.int64(offsets[z] - offsets[a])
-        source = data[s]
-        start = np.int64(offsets[a])
-        out[head + dest : head + dest + length] = source[start : start + length]
-        dest += length
-    for b in range(1, b_count + 1):
-        run_offsets[b] = max(run_offsets[b], run_offsets[b - 1])
-    return starts, ends, run_offsets, out, bounds, OK, 0
+    first, count, starts, ends, run_offsets, out, bounds, code, shard = _meta_plan(
+        meta_ids, pieces, obs_begin, obs_len, entries, index, data, head
+    )
+    cursor = np.zeros(3, np.int64)
+    for p in range(pieces.shape[0] if code == OK else 0):
+        code = _meta_fill(p, cursor, meta_ids, pieces, obs_begin, obs_len, entries, index,
+                          data, head, first, count, starts, ends, run_offsets, out, bounds)
+        if code != OK:
+            return starts, ends, run_offsets, out, bounds, code, pieces[p, SHARD]
+    _spread(run_offsets)
+    return starts, ends, run_offsets, out, bounds, code, shard

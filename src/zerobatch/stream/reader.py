@@ -271,14 +271,22 @@ class Dataset:
         """Per observation, the ``(start, end, value)`` of each entry it overlaps.
 
         One kernel finds the runs and copies their entries' bytes (from the
-        mapped index and data files); values are decoded by one call when first
-        asked for (see ``SpanTable``).
+        mapped index and data files); see ``_spans``.
         """
-        starts, ends, run_offsets, data, bounds, code, shard = k.meta_spans(
+        *spans, code, shard = k.meta_spans(
             records[META_ID], pieces, obs_begin, obs_len, self._entries, self._index_tables(),
             self._data_maps(), _HEAD,
         )
         self._check(code, shard)
+        return self._spans(*spans)
+
+    def _spans(
+        self, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
+        run_offsets: npt.NDArray[np.int64], data: npt.NDArray[np.uint8],
+        bounds: npt.NDArray[np.int64],
+    ) -> list[Spans]:
+        """One ``Spans`` per observation; values are decoded by one call when
+        first asked for (see ``SpanTable``)."""
         serializer, path = self._serializer, self._path
 
         def decode() -> list[Any]:
@@ -404,15 +412,21 @@ class TokenWindows:
         else:
             inputs = planes[0]
             labels = planes[1] if self._labels else planes[0, :0]
+        docs = ds._docs_tables()
         metadata = None
-        if ds.has_metadata:  # first, while the records are still in cache
-            begin = np.arange(b_count, dtype=np.int64) * n
-            length = np.full(b_count, seq_len, dtype=np.int64)
-            metadata = ds._metadata(records.reshape(-1), pieces, begin, length)
-        cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
-            tokens, pieces, n, seq_len, ds._docs_tables(), ds._doc_starts,
-            inputs, labels, positions,
-        )
+        if ds.has_metadata:
+            (cu_off, cu, cu_len, doc_off, doc_ids, doc_len, *spans, code, shard
+             ) = k.window_columns_meta(
+                tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
+                records.reshape(-1)[META_ID], ds._entries, ds._index_tables(), ds._data_maps(),
+                _HEAD,
+            )
+            ds._check(code, shard)
+            metadata = ds._spans(*spans)
+        else:
+            cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
+                tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
+            )
         ds._check(code, shard)
         if self._dtype is None:
             inputs, labels = tokens[:, :seq_len], tokens[:, 1:]
