@@ -115,7 +115,7 @@ def plan_documents(
     return pieces, offsets, -1, OK, 0
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _segments(
     pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -169,7 +169,7 @@ def _segments(
     return cu_offsets, cu, cu_lengths, doc_offsets, ids, nseg, OK, 0
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _decode_row(
     b: int, tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
     positions: np.ndarray, cu: np.ndarray, cu_offsets: np.ndarray,
@@ -338,7 +338,7 @@ def _meta_plan(
             np.zeros(runs + 1, np.int64), code, shard)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _meta_fill(
     p: int, cursor: np.ndarray, meta_ids: np.ndarray, pieces: np.ndarray,
     obs_begin: np.ndarray, obs_len: np.ndarray, entries: np.ndarray, index: list, data: list,
