@@ -21,6 +21,7 @@ __all__ = [
     "meta_spans",
     "plan_documents",
     "plan_windows",
+    "read_requests",
     "window_columns",
     "window_columns_meta",
 ]
@@ -37,22 +38,18 @@ def plan_windows(
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Pieces for windows ``[i * stride, i * stride + n)`` and their reads.
 
-    Returns (pieces, requests ``(4, P)``: file handle from ``handles`` (one per
-    shard, -1 if not open yet), byte offset, bytes, byte destination; the
-    first bad position or -1; the first shard whose handle is -1, or -1).
+    Returns (pieces, ``read_requests``'s two values, the first bad position or -1).
     """
     total = 0
     for b in range(indices.shape[0]):
         i = indices[b]
         if i < 0 or i >= count:
-            return np.empty((0, 5), np.int64), np.empty((4, 0), np.int64), b, -1
+            return np.empty((0, 5), np.int64), np.empty((4, 0), np.int64), -1, b
         g = i * stride
         s0 = np.searchsorted(shard_starts, g, side="right") - 1
         s1 = np.searchsorted(shard_starts, g + n - 1, side="right") - 1
         total += s1 - s0 + 1
     pieces = np.empty((total, 5), np.int64)
-    requests = np.empty((4, total), np.int64)
-    closed = -1
     p = 0
     for b in range(indices.shape[0]):
         g = indices[b] * stride
@@ -67,16 +64,31 @@ def plan_windows(
                 pieces[p, START] = pos - shard_starts[s]
                 pieces[p, LENGTH] = take
                 pieces[p, DEST] = b * n + pos - g
-                requests[0, p] = handles[s]
-                requests[1, p] = pieces[p, START] * itemsize
-                requests[2, p] = take * itemsize
-                requests[3, p] = pieces[p, DEST] * itemsize
-                if handles[s] < 0 and closed < 0:
-                    closed = s
                 p += 1
                 pos += take
             s += 1
-    return pieces[:p], requests[:, :p], -1, closed
+    requests, closed = read_requests(pieces[:p], handles, itemsize)
+    return pieces[:p], requests, closed, -1
+
+
+@njit(nogil=True, cache=True)
+def read_requests(
+    pieces: np.ndarray, handles: np.ndarray, itemsize: int
+) -> tuple[np.ndarray, int]:
+    """The reads of ``pieces``, ``(4, P)``: file handle from ``handles`` (one per
+    shard, -1 if not open yet), byte offset, bytes, byte destination; and the
+    first shard whose handle is -1, or -1."""
+    requests = np.empty((4, pieces.shape[0]), np.int64)
+    closed = -1
+    for p in range(pieces.shape[0]):
+        s = pieces[p, SHARD]
+        requests[0, p] = handles[s]
+        requests[1, p] = pieces[p, START] * itemsize
+        requests[2, p] = pieces[p, LENGTH] * itemsize
+        requests[3, p] = pieces[p, DEST] * itemsize
+        if handles[s] < 0 and closed < 0:
+            closed = s
+    return requests, closed
 
 
 @njit(nogil=True, cache=True)

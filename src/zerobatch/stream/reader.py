@@ -92,8 +92,7 @@ class Dataset:
             [[0], np.cumsum([s.documents for s in shards])]
         ).astype(np.int64)
         self._entries = np.array([s.metadata_entries or 0 for s in shards], dtype=np.int64)
-        self._handles = {kind: np.full(len(shards), -1, dtype=np.int64)
-                         for kind in (TOKENS,)}
+        self._token_handles = np.full(len(shards), -1, dtype=np.int64)  # -1: not open yet
         self._docs: typed.List | None = None
         self._index: typed.List | None = None
         self._data: typed.List | None = None
@@ -140,8 +139,7 @@ class Dataset:
         """Close every file; idempotent. Reads afterwards raise ``ValueError``."""
         with self._lock:
             self._closed = True
-            for handles in self._handles.values():
-                handles[:] = -1
+            self._token_handles[:] = -1
             self._storage.close()
 
     def windows(
@@ -161,38 +159,16 @@ class Dataset:
         name = self._manifest.shards[shard].file(suffix)
         return FormatError(message, path=self._path / name, field=field)
 
-    def _handles_for(self, kind: str, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        table = self._handles[kind]
-        handles = table[shards]
-        if handles.size and handles.min() < 0:
-            self._open(kind, shards[handles < 0])
-            handles = table[shards]
-        return handles
-
-    def _open(self, kind: str, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Open ``kind`` of ``shards`` where not open yet; returns the handle table."""
-        table = self._handles[kind]
+    def _open(self, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Open the token files of ``shards`` not open yet; returns the handle table."""
+        table = self._token_handles
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self._path} is closed")
             for s in np.unique(shards).tolist():
                 if table[s] < 0:
-                    table[s] = self._storage.open(self._manifest.shards[s].file(kind))
+                    table[s] = self._storage.open(self._manifest.shards[s].file(TOKENS))
         return table
-
-    def _read(
-        self, kind: str, shards: npt.NDArray[np.int64], offsets: npt.NDArray[np.int64],
-        lengths: npt.NDArray[np.int64], buffer: npt.NDArray[np.uint8],
-        destinations: npt.NDArray[np.int64],
-    ) -> None:
-        handles = self._handles_for(kind, shards)
-        short = self._storage.read_into(handles, offsets, lengths, buffer, destinations)
-        if short >= 0:
-            raise self._shard_error(
-                int(shards[short]), kind, "bytes",
-                f"file ends before byte {int(offsets[short] + lengths[short])}; "
-                "truncated or not fully written?",
-            )
 
     def _docs_tables(self) -> typed.List:
         """Every shard's document offsets, mapped once (8 bytes per document)."""
@@ -224,11 +200,22 @@ class Dataset:
                 tables.append(table)
             return tables
 
-    def _read_records(self, pieces: npt.NDArray[np.int64], buffer: np.ndarray) -> np.ndarray:
-        """Read ``pieces`` into ``buffer`` (uint8, whole records); returns the records."""
-        itemsize = self._manifest.record_dtype.itemsize
-        self._read(TOKENS, pieces[:, k.SHARD], pieces[:, k.START] * itemsize,
-                   pieces[:, k.LENGTH] * itemsize, buffer, pieces[:, k.DEST] * itemsize)
+    def _read_records(
+        self, pieces: npt.NDArray[np.int64], requests: npt.NDArray[np.int64], closed: int,
+        buffer: npt.NDArray[np.uint8],
+    ) -> np.ndarray:
+        """Run ``requests`` (``read_requests`` of ``pieces``; ``closed >= 0`` when a
+        shard is not open yet) into ``buffer``; returns its whole records."""
+        shards = pieces[:, k.SHARD]
+        if closed >= 0:
+            requests[0] = self._open(shards)[shards]
+        short = self._storage.read_into(requests[0], requests[1], requests[2], buffer, requests[3])
+        if short >= 0:
+            raise self._shard_error(
+                int(shards[short]), TOKENS, "bytes",
+                f"file ends before byte {int(requests[1, short] + requests[2, short])}; "
+                "truncated or not fully written?",
+            )
         return buffer.view(self._manifest.record_dtype)
 
     def _check(self, code: int, shard: int) -> None:
@@ -379,31 +366,22 @@ class TokenWindows:
         ds, n, seq_len = self._ds, self._span, self._seq_len
         idx = _indices(indices)
         itemsize = self._record_dtype.itemsize
-        table = ds._handles[TOKENS]
-        pieces, requests, bad, closed = k.plan_windows(
-            idx, self._stride, n, self._len, ds._shard_starts, table, itemsize
+        pieces, requests, closed, bad = k.plan_windows(
+            idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles, itemsize
         )
         if bad >= 0:
             raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
-        if closed >= 0:
-            requests[0] = ds._open(TOKENS, pieces[:, k.SHARD])[pieces[:, k.SHARD]]
         b_count = idx.shape[0]
         # One buffer per batch, recycled once the batch is gone: records, then the planes.
-        record_bytes = -(-b_count * n * itemsize // ALIGN) * ALIGN
+        record_bytes = b_count * n * itemsize
+        start = -(-record_bytes // ALIGN) * ALIGN
         plane_items = self._planes * b_count * seq_len
-        buffer = ds._arena.take(record_bytes + plane_items * self._plane_dtype.itemsize)
-        raw = buffer[:record_bytes]
-        short = ds._storage.read_into(requests[0], requests[1], requests[2], raw, requests[3])
-        if short >= 0:
-            raise ds._shard_error(
-                int(pieces[short, k.SHARD]), TOKENS, "bytes",
-                f"file ends before byte {int(requests[1, short] + requests[2, short])}; "
-                "truncated or not fully written?",
-            )
-        records = raw[: b_count * n * itemsize].view(self._record_dtype).reshape(b_count, n)
+        buffer = ds._arena.take(start + plane_items * self._plane_dtype.itemsize)
+        records = ds._read_records(pieces, requests, closed, buffer[:record_bytes])
+        records = records.reshape(b_count, n)
         field = self._token_field
         tokens = records if field is None else records[field]
-        planes = buffer[record_bytes:].view(self._plane_dtype)[:plane_items].reshape(
+        planes = buffer[start:].view(self._plane_dtype)[:plane_items].reshape(
             self._planes, b_count, seq_len
         )
         positions = planes[-1]
@@ -491,7 +469,9 @@ class Documents:
         out_bytes = 0 if self._dtype is None else total * self._dtype.itemsize
         buffer = ds._arena.take(record_bytes + ALIGN + out_bytes)
         raw, offset = carve(buffer, 0, np.uint8, (record_bytes,))
-        records = ds._read_records(pieces, raw)
+        itemsize = ds.manifest.record_dtype.itemsize
+        requests, closed = k.read_requests(pieces, ds._token_handles, itemsize)
+        records = ds._read_records(pieces, requests, closed, raw)
         field = ds.manifest.token_field
         tokens = records if field is None else records[field]
         values = tokens  # "stored": a view of the read buffer
