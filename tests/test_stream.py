@@ -210,8 +210,10 @@ def test_u4_tokens_and_tokenizer(tmp_path: Path) -> None:
 
 def test_threads_read_concurrently(tmp_path: Path) -> None:
     corpus = random_corpus(np.random.default_rng(3), docs=40, max_len=50, spans=True)
-    windows = stream.open_dataset(write(tmp_path / "ds", corpus, shard_tokens=64)).windows(16)
-    expected = [windows.read([i])["input_ids"][0] for i in range(len(windows))]
+    path = write(tmp_path / "ds", corpus, shard_tokens=64)
+    alone = stream.open_dataset(path).windows(16)
+    expected = [alone.read([i]) for i in range(len(alone))]
+    windows = stream.open_dataset(path).windows(16)  # files open and map under the threads
     errors: list[BaseException] = []
 
     def work(seed: int) -> None:
@@ -220,7 +222,9 @@ def test_threads_read_concurrently(tmp_path: Path) -> None:
             for chunk in np.array_split(order, 8):
                 batch = windows.read(chunk)
                 for row, i in enumerate(chunk.tolist()):
-                    np.testing.assert_array_equal(batch["input_ids"][row], expected[i])
+                    np.testing.assert_array_equal(batch["input_ids"][row],
+                                                  expected[i]["input_ids"][0])
+                    assert batch["metadata"][row] == expected[i]["metadata"][0]
         except BaseException as error:
             errors.append(error)
 
