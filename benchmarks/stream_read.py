@@ -3,7 +3,9 @@
 Windows of 2,048 tokens (+1 for labels) in Feistel order, batch 32, uint16
 tokens, warm page cache. Baselines measured in the same run on the same bytes:
 ``np.copyto`` of each window into a buffer (the memory-copy limit) and plain
-``np.memmap`` fancy indexing plus the int64 cast of inputs and labels. Two more
+``np.memmap`` fancy indexing plus the int64 cast of inputs and labels, and a
+map-style PyTorch ``Dataset`` of the same windows through a ``DataLoader``
+(main process; inputs and labels only, no positions). Two more
 datasets carry one metadata span every 64 tokens (msgpack), valued either a
 list of two concept ids or one id; their rates are compared with the plain
 dataset's int64 rate. A batch's span values are decoded when first used, so
@@ -121,7 +123,32 @@ def _baselines(path: Path) -> dict[str, Step]:
         return window[:, :-1].astype(np.int64), window[:, 1:].astype(np.int64)
 
     return {"np.copyto (limit)": (copy, len(starts)),
-            "np.memmap fancy + int64": (fancy, len(starts))}
+            "np.memmap fancy + int64": (fancy, len(starts)),
+            **_torch_baseline(tokens, starts)}
+
+
+def _torch_baseline(tokens: np.ndarray, starts: list[np.ndarray]) -> dict[str, Step]:
+    """What a map-style PyTorch dataset does: one window per ``__getitem__``
+    (int64 inputs and labels, nanoGPT style), batched by a ``DataLoader`` in
+    the main process. Skipped without torch."""
+    try:
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+    except ImportError:
+        return {}
+
+    class Windows(Dataset):
+        def __len__(self) -> int:
+            return len(tokens) - SEQ_LEN
+
+        def __getitem__(self, start: int) -> dict[str, torch.Tensor]:
+            window = tokens[start : start + SEQ_LEN + 1].astype(np.int64)
+            return {"input_ids": torch.from_numpy(window[:-1]),
+                    "labels": torch.from_numpy(window[1:])}
+
+    batches = itertools.cycle([s.tolist() for s in starts])
+    loader = iter(DataLoader(Windows(), batch_sampler=batches, num_workers=0))
+    return {"torch DataLoader, map-style": ((lambda k: next(loader)), len(starts))}
 
 
 def main() -> None:
