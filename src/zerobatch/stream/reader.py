@@ -182,21 +182,22 @@ class Dataset:
 
     def _map_tables(
         self, kind: str, problem: Callable[[Any, np.ndarray], str | None],
-        dtype: np.dtype = OFFSET_DTYPE,
+        dtype: np.dtype = OFFSET_DTYPE, field: str = "offsets",
     ) -> typed.List:
         """Every shard's ``kind`` file mapped as ``dtype``, each checked by
-        ``problem`` (a message, or None when the table is sound)."""
+        ``problem`` (a message, or None when the table is sound; errors name
+        ``field``)."""
         with self._lock:
             tables = typed.List()
             for i, shard in enumerate(self._manifest.shards):
                 raw = self._storage.map(shard.file(kind))
                 if raw.shape[0] % dtype.itemsize:
-                    raise self._shard_error(i, kind, "offsets", f"{raw.shape[0]} bytes is not a "
+                    raise self._shard_error(i, kind, field, f"{raw.shape[0]} bytes is not a "
                                             f"whole number of {dtype.itemsize}-byte entries")
                 table = raw.view(dtype)
                 message = problem(shard, table)
                 if message is not None:
-                    raise self._shard_error(i, kind, "offsets", message)
+                    raise self._shard_error(i, kind, field, message)
                 tables.append(table)
             return tables
 
@@ -247,8 +248,8 @@ class Dataset:
         if self._data is None:
             self._data = self._map_tables(META_DATA, lambda shard, data: (
                 None if data.shape[0] == shard.files[META_DATA][0]
-                else f"expected {shard.files[META_DATA][0]} bytes"
-            ), np.dtype(np.uint8))
+                else f"expected {shard.files[META_DATA][0]} bytes; truncated after opening?"
+            ), np.dtype(np.uint8), "bytes")
         return self._data
 
     def _metadata(
