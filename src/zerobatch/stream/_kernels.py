@@ -255,11 +255,13 @@ def window_columns_meta(
     p = 0
     for b in range(b_count if code == OK else 0):
         _decode_row(b, tokens, seq_len, inputs, labels, positions, cu, cu_offsets)
-        while p < pieces.shape[0] and pieces[p, OBS] == b and code == OK:
+        while code == OK and p < pieces.shape[0] and pieces[p, OBS] == b:
             code = _meta_fill(p, cursor, meta_ids, pieces, obs_begin, obs_len, entries, index,
                               data, head, first, count, starts, ends, run_offsets, out, bounds)
             shard = pieces[p, SHARD]
             p += 1
+        if code != OK:
+            break
     _spread(run_offsets)
     return (cu_offsets, cu, cu_lengths, doc_offsets, ids, nseg,
             starts, ends, run_offsets, out, bounds, code, shard if code != OK else 0)
