@@ -326,11 +326,11 @@ class TokenWindows:
         self._dtype = _token_dtype(dtype)
         self._span = seq_len + int(self._labels)
         self._len = max(0, (dataset.num_tokens - self._span) // stride + 1)
-        self._dense = self._dense_schema()
         manifest = dataset.manifest
         # Token columns, then position_ids, share one dtype: planes of one [k, B, seq_len] array.
         self._planes = 1 if self._dtype is None else 2 + int(self._labels)
         self._plane_dtype = np.dtype(np.int32) if self._dtype is None else self._dtype
+        self._dense = self._dense_schema()
         self._record_dtype = manifest.record_dtype
         self._token_field = manifest.token_field
         self._fields = tuple(manifest.fields)
@@ -343,7 +343,7 @@ class TokenWindows:
         arrays = {"input_ids": np.empty(shape, tokens)}
         if self._labels:
             arrays["labels"] = arrays["input_ids"]
-        arrays["position_ids"] = np.empty(shape, np.int64 if self._dtype == np.int64 else np.int32)
+        arrays["position_ids"] = np.empty(shape, self._plane_dtype)
         fields: Mapping[str, Any] = manifest.record_dtype.fields or {}
         for name in manifest.fields:
             arrays[name] = np.empty(shape, fields[name][0])
@@ -466,11 +466,11 @@ class Documents:
             raise IndexError(f"document {int(idx[bad])} is out of range for {len(self)}")
         ds._check(code, shard)
         total = int(offsets[-1])
-        record_bytes = total * ds.manifest.record_dtype.itemsize
+        itemsize = ds.manifest.record_dtype.itemsize
+        record_bytes = total * itemsize
         out_bytes = 0 if self._dtype is None else total * self._dtype.itemsize
         buffer = ds._arena.take(record_bytes + ALIGN + out_bytes)
         raw, offset = carve(buffer, 0, np.uint8, (record_bytes,))
-        itemsize = ds.manifest.record_dtype.itemsize
         requests, closed = k.read_requests(pieces, ds._token_handles, itemsize)
         records = ds._read_records(pieces, requests, closed, raw)
         field = ds.manifest.token_field
