@@ -1,0 +1,134 @@
+"""Global ``jax.Array``s from this process's rows, in seed 003's microbatch layout.
+
+A training step of ``dp * batch_size`` windows of ``T`` tokens is laid out as
+``(microbatch, dp * batch_size // microbatch, T)``: global row ``r`` of the
+step (the step's ``r``-th observation) sits at ``[r // cols, r % cols]`` with
+``cols = dp * batch_size // microbatch``. A usual sharding is
+``NamedSharding(mesh, P("pp", "dp", "tp"))``: microbatches split over pipeline
+stages, rows over data-parallel replicas, tokens over tensor-parallel ones.
+
+With several processes, each process feeds only the rows its own devices hold
+(``local_rows``); ``jax.make_array_from_process_local_data`` assembles the
+global array and no process ever holds the whole step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import numpy.typing as npt
+
+from zerobatch.columnar import Batch
+
+__all__ = ["check_layout", "local_box", "local_rows", "to_global"]
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(value)
+
+
+def check_layout(
+    *, batch_size: int, microbatch: int, seq_len: int, dp: int = 1, pp: int = 1, tp: int = 1,
+) -> tuple[int, int, int]:
+    """Check seed 003's conditions and return one step's global shape
+    ``(microbatch, dp * batch_size // microbatch, seq_len)``.
+
+    ``batch_size`` is per data-parallel replica (windows); raises ``ValueError``
+    naming the condition that fails: ``batch_size % microbatch``,
+    ``microbatch % pp``, ``seq_len % tp``.
+    """
+    batch_size = _positive("batch_size", batch_size)
+    microbatch = _positive("microbatch", microbatch)
+    seq_len, dp = _positive("seq_len (T)", seq_len), _positive("dp", dp)
+    pp, tp = _positive("pp", pp), _positive("tp", tp)
+    if batch_size % microbatch:
+        raise ValueError(f"batch_size ({batch_size}) must be a multiple of microbatch "
+                         f"({microbatch}): each microbatch takes batch_size / microbatch rows "
+                         "per data-parallel replica")
+    if microbatch % pp:
+        raise ValueError(f"microbatch ({microbatch}) must be a multiple of pp ({pp}): "
+                         "microbatches are split evenly over pipeline stages")
+    if seq_len % tp:
+        raise ValueError(f"T / seq_len ({seq_len}) must be a multiple of tp ({tp}): tokens "
+                         "are split evenly over tensor-parallel devices")
+    return microbatch, dp * batch_size // microbatch, seq_len
+
+
+def local_box(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]) -> tuple[slice, ...]:
+    """The part of the global array this process's devices hold: one slice per
+    dimension (the whole dimension, or this process's contiguous slice)."""
+    shape = tuple(int(n) for n in global_shape)
+    box = [[n, 0] for n in shape]
+    for index in sharding.addressable_devices_indices_map(shape).values():
+        for d, part in enumerate(index or ()):
+            start, stop, _ = part.indices(shape[d])
+            box[d][0] = min(box[d][0], start)
+            box[d][1] = max(box[d][1], stop)
+    return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def local_rows(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]) -> npt.NDArray[
+    np.int64
+]:
+    """The rows this process must feed, as flat positions over every dimension
+    but the last (tokens), in C order: for a step ``(microbatch, cols, T)``,
+    row ``m * cols + c``. Feed them, in this order, to ``to_global``."""
+    shape = tuple(int(n) for n in global_shape)
+    box = local_box(sharding, shape)
+    grids = np.meshgrid(*[np.arange(s.start, s.stop) for s in box[:-1]], indexing="ij")
+    return np.ravel_multi_index([g.ravel() for g in grids], shape[:-1]).astype(np.int64)
+
+
+def _place(
+    array: np.ndarray, name: str, sharding: jax.sharding.Sharding, shape: tuple[int, ...],
+    box: tuple[slice, ...],
+) -> jax.Array:
+    box_shape = tuple(s.stop - s.start for s in box)
+    rows = int(np.prod(box_shape[:-1]))
+    array = np.asarray(array)
+    if array.shape == box_shape:
+        local = array
+    elif array.ndim == 2 and array.shape[0] == rows and array.shape[1] in (
+        shape[-1], box_shape[-1]
+    ):
+        local = array.reshape(*box_shape[:-1], array.shape[1])
+        if array.shape[1] != box_shape[-1]:
+            local = local[..., box[-1]]  # this process's tensor-parallel tokens only
+    else:
+        raise ValueError(f"{name}: expected this process's {rows} rows of {shape[-1]} tokens "
+                         f"(local_rows order) or an array of shape {box_shape}, got "
+                         f"{array.shape}; global shape {shape}")
+    return jax.make_array_from_process_local_data(sharding, local, shape)
+
+
+def to_global(
+    batch: Any, sharding: jax.sharding.Sharding, *, global_shape: tuple[int, ...],
+    fields: tuple[str, ...] | None = None,
+) -> Any:
+    """Global ``jax.Array``s of ``global_shape`` placed with ``sharding``, from
+    this process's rows only.
+
+    ``batch`` is an array, a mapping of arrays or a ``Batch``; each array holds
+    this process's rows in ``local_rows(sharding, global_shape)`` order as
+    ``[rows, T]`` (tokens outside this process's slice are dropped), or is
+    already this process's block (``local_box``). Returns one array, or a dict
+    for a mapping or a ``Batch`` (``fields``: which columns; default every
+    dense ``[rows, T]`` column). The arrays are copied to the devices; the
+    inputs may be reused afterwards.
+    """
+    shape = tuple(int(n) for n in global_shape)
+    box = local_box(sharding, shape)
+    if isinstance(batch, (Batch, Mapping)):
+        columns: dict[str, Any] = {name: batch[name] for name in (
+            batch.fields if isinstance(batch, Batch) else batch)}
+        names = fields if fields is not None else tuple(
+            name for name, column in columns.items()
+            if isinstance(column, np.ndarray) and column.ndim == 2
+        )
+        return {name: _place(columns[name], name, sharding, shape, box) for name in names}
+    return _place(batch, "batch", sharding, shape, box)
