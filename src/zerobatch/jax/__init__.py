@@ -7,5 +7,14 @@ imports JAX.
 from __future__ import annotations
 
 from zerobatch.jax._global import check_layout, local_box, local_rows, to_global
+from zerobatch.jax.shards import DataConfig, ShardDataset, get_datasets
 
-__all__ = ["check_layout", "local_box", "local_rows", "to_global"]
+__all__ = [
+    "DataConfig",
+    "ShardDataset",
+    "check_layout",
+    "get_datasets",
+    "local_box",
+    "local_rows",
+    "to_global",
+]

@@ -166,6 +166,10 @@ class NpyTokens:
         """Windows of ``seq_len`` tokens plus one label token (see ``NpyWindows``)."""
         return NpyWindows(self, seq_len, dtype=dtype)
 
+    def file_at(self, token: int) -> int:
+        """The index (in ``names``) of the file holding stream token ``token``."""
+        return int(np.searchsorted(self._starts, token, side="right")) - 1
+
     def read_tokens(self, windows: npt.NDArray[np.int64], stride: int, span: int) -> np.ndarray:
         """Tokens ``[w * stride, w * stride + span)`` for each ``w`` in ``windows``
         (valid indices), as a ``[len(windows), span]`` array of the stored dtype,
