@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from zerobatch.stream.combine import combine
 from zerobatch.stream.manifest import Tokenizer, is_dataset
+from zerobatch.stream.npy import NpyTokens, NpyWindows, open_npy
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows, open_dataset
 from zerobatch.stream.spans import Spans, SpanTable
 from zerobatch.stream.verify import Problem, describe, format_problems, verify
@@ -24,6 +25,8 @@ from zerobatch.stream.writer import StreamWriter
 __all__ = [
     "Dataset",
     "Documents",
+    "NpyTokens",
+    "NpyWindows",
     "Problem",
     "SpanTable",
     "Spans",
@@ -34,6 +37,7 @@ __all__ = [
     "describe",
     "format_problems",
     "is_dataset",
+    "open_npy",
     "open_dataset",
     "verify",
 ]

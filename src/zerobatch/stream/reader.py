@@ -41,6 +41,7 @@ from zerobatch.stream.manifest import (
     check_sizes,
     read_manifest,
 )
+from zerobatch.stream.npy import NpyTokens, is_npy_folder, open_npy
 from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 from zerobatch.stream.spans import Spans, SpanTable
 
@@ -489,8 +490,11 @@ class Documents:
 
 def open_dataset(
     path: str | os.PathLike[str], *, metadata: Any = None, storage: Storage | None = None
-) -> Dataset:
+) -> Dataset | NpyTokens:
     """Open a token-stream dataset folder: read the manifest, check file sizes.
+
+    A folder of ``.npy`` token files and no manifest opens in place as one
+    token stream (``zerobatch.stream.npy.NpyTokens``; ``windows`` only).
 
     ``metadata`` is needed only when the dataset was written with ``"pickle"``
     (pass ``"pickle"`` to allow unpickling) or a custom serializer (pass the
@@ -498,6 +502,8 @@ def open_dataset(
     or a size mismatch.
     """
     folder = Path(path)
+    if storage is None and is_npy_folder(folder):
+        return open_npy(folder)
     manifest = read_manifest(folder)
     storage = LocalStorage(folder) if storage is None else storage
     check_sizes(folder, manifest, storage.size)

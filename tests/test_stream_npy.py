@@ -1,0 +1,52 @@
+"""Folders of .npy token files as one token stream (no JAX needed)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import zerobatch
+from zerobatch.stream.npy import NpyTokens, open_npy
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(2, 400), seq_len=st.integers(1, 40), data=st.data())
+def test_windows_are_the_concatenated_stream(size: int, seq_len: int,
+                                             data: st.DataObject) -> None:
+    cuts = sorted(data.draw(st.lists(st.integers(0, size), max_size=6)))
+    dtype = data.draw(st.sampled_from(["<u2", "<u4", "<i8", "|u1"]))
+    tokens = np.random.default_rng(size).integers(0, 200, size=size).astype(dtype)
+    with tempfile.TemporaryDirectory() as folder:
+        for i, part in enumerate(np.split(tokens, cuts)):
+            np.save(Path(folder) / f"{i:04d}.npy", part)
+        windows = open_npy(folder).windows(seq_len, dtype="int32")
+        assert len(windows) == (size - 1) // seq_len
+        order = np.random.default_rng(seq_len).permutation(len(windows))
+        batch = windows.read(order)
+        starts = order * seq_len
+        stream = tokens.astype(np.int64)
+        np.testing.assert_array_equal(batch["input_ids"],
+                                      stream[starts[:, None] + np.arange(seq_len)])
+        np.testing.assert_array_equal(batch["labels"],
+                                      stream[starts[:, None] + 1 + np.arange(seq_len)])
+        np.testing.assert_array_equal(batch.meta.global_indexes, order)
+
+
+def test_open_dataset_accepts_a_npy_folder(tmp_path: Path) -> None:
+    np.save(tmp_path / "a.npy", np.arange(10, dtype=np.uint16))
+    np.save(tmp_path / "b.npy", np.arange(10, 30, dtype=np.uint16))
+    tokens = zerobatch.open_dataset(tmp_path)
+    assert isinstance(tokens, NpyTokens) and tokens.num_tokens == 30
+    windows = tokens.windows(5)
+    assert windows.read([1])["labels"].tolist() == [[6, 7, 8, 9, 10]]
+    with pytest.raises(IndexError):
+        windows.read([len(windows)])
+    with pytest.raises(ValueError, match="dtype must be"):
+        tokens.windows(5, dtype="float32")
+    assert windows.fingerprint != tokens.windows(4).fingerprint
+    tokens.close()
