@@ -37,7 +37,7 @@ __all__ = [
     "describe",
     "format_problems",
     "is_dataset",
-    "open_npy",
     "open_dataset",
+    "open_npy",
     "verify",
 ]
