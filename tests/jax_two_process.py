@@ -1,0 +1,83 @@
+"""One of two JAX processes (4 CPU devices each) for tests/test_jax_distributed.py.
+
+Usage: python jax_two_process.py COORDINATOR PROCESS_ID DATA_FOLDER OUT.npz
+
+Builds global arrays over the 8 devices of both processes, from this
+process's rows only, and saves each addressable shard (its index and data)
+and the windows this process read.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+class Recorder:
+    """A source that notes every window it reads (to check per-process reads)."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.read_windows: list[np.ndarray] = []
+        self.fingerprint = source.fingerprint
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def read(self, indices: Any) -> Any:
+        self.read_windows.append(np.asarray(indices).copy())
+        return self.source.read(indices)
+
+
+def main() -> None:
+    coordinator, process_id, folder, out = sys.argv[1:5]
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=2,
+                               process_id=int(process_id))
+    from zerobatch.jax import ShardDataset, check_layout, local_rows, to_global
+    from zerobatch.stream.npy import open_npy
+
+    assert jax.process_count() == 2 and jax.device_count() == 8
+    assert jax.local_device_count() == 4
+    mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("pp", "dp", "tp"))
+    saved: dict[str, np.ndarray] = {}
+
+    def save(name: str, array: jax.Array) -> None:
+        saved[f"{name}/shape"] = np.array(array.shape)
+        for k, shard in enumerate(array.addressable_shards):
+            bounds = [part.indices(n)[:2] for part, n in zip(shard.index, array.shape,
+                                                              strict=True)]
+            saved[f"{name}/{k}/index"] = np.array(bounds)
+            saved[f"{name}/{k}/data"] = np.asarray(shard.data)
+
+    # to_global from any source: step 5 of a (pp=2, dp=2, tp=2) layout.
+    shape = check_layout(batch_size=4, microbatch=2, seq_len=8, dp=2, pp=2, tp=2)
+    sharding = NamedSharding(mesh, P("pp", "dp", "tp"))
+    source = Recorder(open_npy(folder + "/train").windows(8, dtype="int32"))
+    rows = local_rows(sharding, shape)
+    arrays = to_global(source.read(5 * 8 + rows), sharding, global_shape=shape)
+    save("x", arrays["input_ids"])
+    save("y", arrays["labels"])
+    saved["rows"] = rows
+
+    # ShardDataset: three calls of two steps, shuffled.
+    partition = NamedSharding(mesh, P(None, "pp", "dp", "tp"))
+    with ShardDataset(folder, "train", 8, 4, 2, 2, 2, partition, tp=2, shuffle=True,
+                      seed=3, prefetch=0) as ds:
+        recorder = Recorder(ds._windows)
+        ds._windows = recorder  # type: ignore[assignment]
+        for call in range(3):
+            x, y = ds(2)
+            save(f"ds{call}x", x)
+            save(f"ds{call}y", y)
+        saved["ds_read"] = np.concatenate(recorder.read_windows)
+    np.savez(out, **saved)
+    jax.distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()
