@@ -10,7 +10,14 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from zerobatch.jax import check_layout, local_box, local_rows, to_global
+from zerobatch.jax import (
+    GlobalSteps,
+    check_layout,
+    check_sharding,
+    local_box,
+    local_rows,
+    to_global,
+)
 from zerobatch.stream.npy import open_npy
 
 MESHES = [(1, 8, 1), (1, 4, 2), (2, 2, 2)]  # (pp, dp, tp)
@@ -87,3 +94,26 @@ def test_layout_conditions(kwargs: dict[str, int], message: str) -> None:
     args = {"batch_size": 8, "microbatch": 2, "seq_len": 8, "dp": 2, "pp": 1, "tp": 1, **kwargs}
     with pytest.raises(ValueError, match=message):
         check_layout(**args)
+
+
+def test_global_steps(stream: tuple[Path, np.ndarray]) -> None:
+    folder, tokens = stream
+    sharding = NamedSharding(mesh_of(2, 2, 2), P("pp", "dp", "tp"))
+    steps = GlobalSteps(sharding, rows=8, seq_len=8, microbatch=2)
+    assert steps.shape == (2, 4, 8)
+    batch = open_npy(folder).windows(8, dtype="int32").read(steps.positions)
+    x, y = steps(batch)
+    np.testing.assert_array_equal(np.asarray(x).reshape(8, 8), tokens[:64].reshape(8, 8))
+    np.testing.assert_array_equal(np.asarray(y).reshape(8, 8), tokens[1:65].reshape(8, 8))
+    flat = GlobalSteps(NamedSharding(mesh_of(1, 8, 1), P("dp", None)), rows=8, seq_len=8)
+    out = flat({"tokens": np.asarray(batch["input_ids"])})
+    assert sorted(out) == ["tokens"] and out["tokens"].shape == (8, 8)
+    with pytest.raises(ValueError, match=r"rows per step \(8 = batch_size \* world_size\)"):
+        GlobalSteps(sharding, rows=8, seq_len=8, microbatch=3)
+    with pytest.raises(ValueError, match=r"T / seq_len \(5\) must be a multiple of tp \(2\)"):
+        GlobalSteps(sharding, rows=8, seq_len=5, microbatch=2)
+    with pytest.raises(ValueError, match=r"microbatch \(1\) must be a multiple of pp \(2\)"):
+        check_sharding(sharding, (1, 8, 8))
+    with pytest.raises(ValueError, match=r"rows per microbatch \(3\) must be a multiple of "
+                       r"dp \* tp \(4\)"):
+        check_sharding(NamedSharding(mesh_of(2, 2, 2), P("pp", ("dp", "tp"))), (2, 3, 8))

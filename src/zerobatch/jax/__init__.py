@@ -6,13 +6,22 @@ imports JAX.
 
 from __future__ import annotations
 
-from zerobatch.jax._global import check_layout, local_box, local_rows, to_global
+from zerobatch.jax._global import (
+    GlobalSteps,
+    check_layout,
+    check_sharding,
+    local_box,
+    local_rows,
+    to_global,
+)
 from zerobatch.jax.shards import DataConfig, ShardDataset, get_datasets
 
 __all__ = [
     "DataConfig",
+    "GlobalSteps",
     "ShardDataset",
     "check_layout",
+    "check_sharding",
     "get_datasets",
     "local_box",
     "local_rows",

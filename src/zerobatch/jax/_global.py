@@ -23,7 +23,8 @@ import numpy.typing as npt
 
 from zerobatch.columnar import Batch
 
-__all__ = ["check_layout", "local_box", "local_rows", "to_global"]
+__all__ = ["GlobalSteps", "check_layout", "check_sharding", "local_box", "local_rows",
+           "to_global"]
 
 
 def _positive(name: str, value: object) -> int:
@@ -57,6 +58,33 @@ def check_layout(
         raise ValueError(f"T / seq_len ({seq_len}) must be a multiple of tp ({tp}): tokens "
                          "are split evenly over tensor-parallel devices")
     return microbatch, dp * batch_size // microbatch, seq_len
+
+
+def check_sharding(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]) -> None:
+    """Raise ``ValueError`` unless every dimension of ``global_shape`` splits
+    evenly over the mesh axes ``sharding`` (a ``NamedSharding``) puts on it.
+    Other shardings are left to JAX."""
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None or mesh is None:
+        return
+    names = _dim_names(len(global_shape))
+    sizes = dict(mesh.shape)
+    for d, axes in enumerate(tuple(spec)[: len(global_shape)]):
+        if axes is None:
+            continue
+        group = (axes,) if isinstance(axes, str) else tuple(axes)
+        parts = int(np.prod([sizes[a] for a in group]))
+        if global_shape[d] % parts:
+            raise ValueError(f"{names[d]} ({global_shape[d]}) must be a multiple of "
+                             f"{' * '.join(group)} ({parts}): the sharding splits that "
+                             f"dimension {parts} ways (global shape {tuple(global_shape)})")
+
+
+def _dim_names(ndim: int) -> list[str]:
+    names = ["microbatch", "rows per microbatch", "T / seq_len"]
+    if ndim == 2:
+        return ["rows", names[-1]]
+    return ["step"] * max(0, ndim - 3) + names[-ndim:]
 
 
 def local_box(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...]) -> tuple[slice, ...]:
@@ -122,6 +150,7 @@ def to_global(
     inputs may be reused afterwards.
     """
     shape = tuple(int(n) for n in global_shape)
+    check_sharding(sharding, shape)
     box = local_box(sharding, shape)
     if isinstance(batch, (Batch, Mapping)):
         columns: dict[str, Any] = {name: batch[name] for name in (
@@ -132,3 +161,38 @@ def to_global(
         )
         return {name: _place(columns[name], name, sharding, shape, box) for name in names}
     return _place(batch, "batch", sharding, shape, box)
+
+
+class GlobalSteps:
+    """How each step of a loader becomes global arrays (``Loader(output="jax")``).
+
+    A step is ``rows`` windows of ``seq_len`` tokens (``batch_size *
+    world_size`` for a Loader), laid out as ``(microbatch, rows // microbatch,
+    seq_len)``, or ``(rows, seq_len)`` when ``microbatch`` is None. Step
+    position ``p`` (0 <= p < rows) is the step's ``p``-th observation;
+    ``positions`` are the ones this process reads, in the order ``__call__``
+    expects them. Immutable and thread-safe.
+    """
+
+    def __init__(self, sharding: jax.sharding.Sharding, *, rows: int, seq_len: int,
+                 microbatch: int | None = None) -> None:
+        rows, seq_len = _positive("rows", rows), _positive("seq_len", seq_len)
+        if microbatch is None:
+            self.shape: tuple[int, ...] = (rows, seq_len)
+        else:
+            microbatch = _positive("microbatch", microbatch)
+            if rows % microbatch:
+                raise ValueError(f"rows per step ({rows} = batch_size * world_size) must be "
+                                 f"a multiple of microbatch ({microbatch})")
+            self.shape = (microbatch, rows // microbatch, seq_len)
+        check_sharding(sharding, self.shape)
+        self.sharding = sharding
+        self.positions = local_rows(sharding, self.shape)
+
+    def __call__(self, batch: Any) -> Any:
+        """``(x, y)`` from a batch with ``input_ids`` and ``labels``, else a dict
+        of every dense ``[rows, seq_len]`` column."""
+        arrays = to_global(batch, self.sharding, global_shape=self.shape)
+        if "input_ids" in arrays and "labels" in arrays:
+            return arrays["input_ids"], arrays["labels"]
+        return arrays

@@ -156,7 +156,9 @@ class ShardDataset:
         self._ahead: collections.deque[tuple[tuple[int, int, int], Future[Any]]] = (
             collections.deque()
         )
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zerobatch-jax")
+        # Reads overlap one another (object-store latency), results come in call order.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, prefetch),
+                                        thread_name_prefix="zerobatch-jax")
         self._file = -1
         _log(f"{id}: {len(self._tokens.names)} shards, {self._tokens.num_tokens} tokens, "
              f"{len(self)} steps per epoch")
