@@ -3,7 +3,30 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+
+import pytest
+from s3_server import FaultProxy, S3Server
 
 # JAX reads these once, when it first starts: 8 CPU devices for the mesh tests.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[S3Server]:
+    """moto's S3 server on 127.0.0.1 with one bucket. ``s3.url("name")`` is a fresh
+    ``s3://`` prefix; ``s3.storage_options()`` (or ``s3.env()``) reach it."""
+    server = S3Server().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_proxy(s3: S3Server) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of ``s3``: ``s3.storage_options(s3_proxy.endpoint)``
+    goes through it; ``with s3_proxy.faults(rate=0.2): ...`` injects faults."""
+    proxy = FaultProxy(s3.endpoint)
+    yield proxy
+    proxy.stop()

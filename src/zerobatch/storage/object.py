@@ -1,0 +1,341 @@
+"""``ObjectStorage``: the files of a dataset prefix in S3, GCS or Azure Blob, via obstore.
+
+Reads are HTTP range GETs. A batch of reads (``read_into``) groups its byte
+ranges by object and runs every object's ``obstore.get_ranges`` at once on one
+event loop: obstore merges ranges closer than ``coalesce`` bytes (default
+1 MiB) into one request and keeps up to 10 requests of an object in flight.
+
+Retries, backoff and timeouts are obstore's (``retry_config``,
+``client_options``; by default 10 retries within 3 minutes, 30 s per request).
+When they are spent, reads raise ``zerobatch.StorageError`` naming the URL,
+the byte range and the last cause; a missing object raises
+``FileNotFoundError`` naming its URL. A request that fails while no credentials
+are configured says which environment variables to set.
+
+obstore is not fork-safe: a process forked after its parent used a store hangs
+on its first request. Start reader processes with ``spawn`` or ``forkserver``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from zerobatch.errors import StorageError
+from zerobatch.storage.url import OBJECT_SCHEMES
+
+__all__ = ["COALESCE", "CREDENTIAL_VARIABLES", "ObjectStorage"]
+
+COALESCE = 1 << 20
+"""Default gap in bytes: ranges of one object closer than this are fetched by one GET."""
+
+CREDENTIAL_VARIABLES = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"),
+    "gs": ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_APPLICATION_CREDENTIALS"),
+    "az": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY"),
+}
+"""Per scheme, the environment variables that name credentials."""
+
+# config keys (with or without the cloud's prefix) that carry credentials
+_CREDENTIAL_KEYS = (
+    "access_key_id", "secret_access_key", "session_token", "token", "skip_signature",
+    "service_account", "service_account_key", "application_credentials",
+    "account_key", "sas_key", "sas_token", "client_secret", "bearer_token",
+    "use_emulator", "use_azure_cli", "federated_token_file",
+)
+_CREDENTIAL_ENV = (
+    "AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_SKIP_SIGNATURE",
+    "GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_SERVICE_ACCOUNT_KEY",
+    "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY",
+    "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET", "AZURE_FEDERATED_TOKEN_FILE",
+    "AZURE_STORAGE_USE_EMULATOR",
+)
+
+T = TypeVar("T")
+
+
+class _Loop:
+    """One event loop on a daemon thread, shared by every store of this process
+    (made again in a child process; obstore itself still needs spawn there)."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+    _pid = -1
+
+    @classmethod
+    def run(cls, start: Callable[[], Awaitable[T]]) -> T:
+        """``await start()`` on the loop (obstore's calls need the loop running)."""
+        with cls._lock:
+            if cls._loop is None or cls._pid != os.getpid():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="zerobatch-storage",
+                                 daemon=True).start()
+                cls._loop, cls._pid = loop, os.getpid()
+            loop = cls._loop
+
+        async def main() -> T:
+            return await start()
+
+        return asyncio.run_coroutine_threadsafe(main(), loop).result()
+
+
+def _obstore() -> Any:
+    try:
+        import obstore
+    except ImportError as error:  # pragma: no cover - the cloud extra is a dev dependency
+        raise ImportError("object storage URLs need obstore: pip install 'zerobatch[cloud]'"
+                          ) from error
+    return obstore
+
+
+def split_url(url: str) -> tuple[str, str, str]:
+    """(scheme, bucket, prefix) of ``s3://bucket/prefix``; the prefix has no slashes
+    at either end. ``ValueError`` for other schemes or a URL without a bucket."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in OBJECT_SCHEMES:
+        raise ValueError(f"{url!r} is not an object-store URL "
+                         f"({', '.join(s + '://bucket/prefix' for s in OBJECT_SCHEMES)})")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"{url!r} names no bucket; expected {scheme}://bucket/prefix")
+    return scheme, bucket, prefix.strip("/")
+
+
+def _has_credentials(options: dict[str, Any]) -> bool:
+    keys = {str(key).lower() for key in options} | {
+        str(key).lower() for key in (options.get("config") or {})}
+    if "credential_provider" in keys:
+        return True
+    for key in keys:
+        bare = key.split("_", 1)[1] if key.startswith(("aws_", "google_", "azure_")) else key
+        if bare in _CREDENTIAL_KEYS or key in _CREDENTIAL_KEYS:
+            return True
+    return any(os.environ.get(name) for name in _CREDENTIAL_ENV)
+
+
+def _cause(error: BaseException) -> str:
+    """The first line of an obstore error (its debug dump follows)."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+class ObjectStorage:
+    """Read-only access to the objects under ``url`` (``s3://bucket/prefix``,
+    ``gs://...``, ``az://...``), names relative to the prefix.
+
+    ``storage_options`` are obstore's keyword arguments for ``from_url``
+    (``config`` or config keys, ``client_options``, ``retry_config``,
+    ``credential_provider``); without them the cloud's environment variables
+    are read. ``coalesce``: ranges of one object closer than this many bytes
+    are fetched by one GET (0: never merged).
+
+    Handles are small ints, one per opened object; opening asks the size (one
+    LIST of the prefix for the first size, a HEAD for names it did not show).
+    Thread-safe: any number of threads may read at once. ``close()`` is
+    idempotent; reads after it raise ``OSError``.
+    """
+
+    def __init__(self, url: str, *, coalesce: int = COALESCE, **storage_options: Any) -> None:
+        scheme, bucket, prefix = split_url(url)
+        if coalesce < 0:
+            raise ValueError(f"coalesce must be >= 0 bytes, got {coalesce}")
+        obstore = _obstore()
+        self._obstore = obstore
+        self._scheme = scheme
+        self._base = f"{scheme}://{bucket}"
+        self._prefix = prefix
+        self._coalesce = int(coalesce)
+        self._options = dict(storage_options)
+        self._credentials = _has_credentials(self._options)
+        try:
+            self._store = obstore.store.from_url(self._base, **self._options)
+        except (TypeError, ValueError, obstore.exceptions.BaseError) as error:
+            raise ValueError(f"{url}: bad storage_options ({_cause(error)})") from error
+        self._lock = threading.Lock()
+        self._listed: dict[str, int] | None = None
+        self._handles: dict[str, int] = {}
+        self._keys: list[str] = []
+        self._sizes: list[int] = []
+        self._closed = False
+
+    @property
+    def url(self) -> str:
+        """The prefix URL names are relative to."""
+        return f"{self._base}/{self._prefix}" if self._prefix else self._base
+
+    @property
+    def store(self) -> Any:
+        """The obstore store (of the bucket; keys include the prefix)."""
+        return self._store
+
+    def __repr__(self) -> str:
+        return f"ObjectStorage({self.url!r})"
+
+    def key(self, name: str) -> str:
+        """The object key of ``name``."""
+        return f"{self._prefix}/{name}" if self._prefix else name
+
+    def url_of(self, name: str) -> str:
+        """The full URL of ``name`` (for messages)."""
+        return f"{self._base}/{self.key(name)}"
+
+    # -- errors ----------------------------------------------------------------
+
+    def _error(self, error: BaseException, name: str, what: str) -> OSError:
+        """``error`` from obstore as ``FileNotFoundError`` or ``StorageError``."""
+        url = self.url_of(name)
+        if isinstance(error, FileNotFoundError):
+            return FileNotFoundError(errno.ENOENT, f"{url}: no such object", url)
+        message = f"{url}: {what} failed after retries: {_cause(error)}"
+        if not self._credentials:
+            names = " and ".join(CREDENTIAL_VARIABLES[self._scheme])
+            message += (f"; no credentials are configured: set {names} (or pass them in "
+                        "storage_options={'config': {...}})")
+        return StorageError(message)
+
+    def _run(self, start: Callable[[], Awaitable[T]], name: str, what: str) -> T:
+        try:
+            return _Loop.run(start)
+        except (FileNotFoundError, self._obstore.exceptions.BaseError) as error:
+            raise self._error(error, name, what) from error
+
+    # -- the Storage protocol -----------------------------------------------------
+
+    def _list(self) -> dict[str, int]:
+        """Sizes of the objects directly under the prefix, listed once."""
+        if self._listed is None:
+            prefix = f"{self._prefix}/" if self._prefix else None
+            result = self._run(
+                lambda: self._obstore.list_with_delimiter_async(self._store, prefix), "",
+                "listing")
+            start = len(prefix or "")
+            self._listed = {meta["path"][start:]: int(meta["size"])
+                            for meta in result["objects"]}
+        return self._listed
+
+    def size(self, name: str) -> int:
+        """The size of ``name`` in bytes; ``FileNotFoundError`` naming its URL if absent."""
+        size = self._list().get(name)
+        if size is None:
+            meta = self._run(lambda: self._obstore.head_async(self._store, self.key(name)),
+                             name, "HEAD")
+            size = int(meta["size"])
+        return size
+
+    def open(self, name: str) -> int:
+        """The handle of ``name`` (its size is fetched once)."""
+        handle = self._handles.get(name)
+        if handle is not None:
+            return handle
+        size = self.size(name)
+        with self._lock:
+            if self._closed:
+                raise OSError(f"{self.url} is closed")
+            handle = self._handles.get(name)
+            if handle is None:
+                handle = len(self._keys)
+                self._keys.append(name)
+                self._sizes.append(size)
+                self._handles[name] = handle
+            return handle
+
+    def _name(self, handle: int) -> str:
+        if self._closed or not 0 <= handle < len(self._keys):
+            raise OSError(f"handle {handle} of {self.url} is not open")
+        return self._keys[handle]
+
+    async def _fetch(self, name: str, starts: Sequence[int], ends: Sequence[int]) -> Any:
+        return await self._obstore.get_ranges_async(
+            self._store, self.key(name), starts=starts, ends=ends, coalesce=self._coalesce)
+
+    async def _fetch_all(self, jobs: list[tuple[str, list[int], list[int]]]) -> list[Any]:
+        return await asyncio.gather(
+            *(self._fetch(name, starts, ends) for name, starts, ends in jobs),
+            return_exceptions=True)
+
+    def read_into(
+        self,
+        handles: npt.NDArray[np.int64],
+        offsets: npt.NDArray[np.int64],
+        lengths: npt.NDArray[np.int64],
+        buffer: npt.NDArray[np.uint8],
+        destinations: npt.NDArray[np.int64],
+    ) -> int:
+        """Run all requests, every object's ranges in flight at once; -1, or the
+        first request past the end of its object (nothing is read then)."""
+        if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
+            raise ValueError("buffer must be a C-contiguous uint8 vector")
+        n = int(handles.shape[0])
+        if n == 0:
+            return -1
+        ends = offsets + lengths
+        bad = np.flatnonzero((lengths < 0) | (destinations < 0)
+                             | (destinations + lengths > buffer.size))
+        if bad.size:
+            raise ValueError(f"request {int(bad[0])} does not fit the buffer")
+        for handle in np.unique(handles).tolist():
+            self._name(int(handle))
+        sizes = np.array(self._sizes, dtype=np.int64)
+        short = np.flatnonzero((offsets < 0) | (ends > sizes[handles]))
+        if short.size:
+            return int(short[0])
+        wanted = np.flatnonzero(lengths > 0)
+        order = wanted[np.argsort(handles[wanted], kind="stable")]
+        groups = np.split(order, np.flatnonzero(np.diff(handles[order])) + 1)
+        groups = [g for g in groups if g.size]
+        jobs = [(self._keys[int(handles[g[0]])], offsets[g].tolist(), ends[g].tolist())
+                for g in groups]
+        results = _Loop.run(lambda: self._fetch_all(jobs))
+        for group, job, result in zip(groups, jobs, results, strict=True):
+            if isinstance(result, BaseException):
+                first, last = min(job[1]), max(job[2])
+                raise self._error(result, job[0],
+                                  f"{len(job[1])} range GETs in bytes {first}-{last}"
+                                  ) from result
+            for i, data in zip(group.tolist(), result, strict=True):
+                start = int(destinations[i])
+                buffer[start:start + int(lengths[i])] = np.frombuffer(data, dtype=np.uint8)
+        return -1
+
+    def readinto(
+        self, handle: int, offset: int, buffer: bytearray | memoryview | np.ndarray
+    ) -> int:
+        """One range GET of up to ``len(buffer)`` bytes at ``offset``; returns bytes read."""
+        name = self._name(handle)
+        view = (buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)).cast("B")
+        end = min(offset + len(view), self._sizes[handle])
+        if end <= offset:
+            return 0
+        data = self._run(lambda: self._obstore.get_range_async(
+            self._store, self.key(name), start=offset, end=end), name,
+            f"range GET of bytes {offset}-{end}")
+        view[:end - offset] = memoryview(data).cast("B")
+        return end - offset
+
+    def map(self, name: str) -> npt.NDArray[np.uint8]:
+        """The whole object, fetched by one GET, as a read-only byte array."""
+        size = self.size(name)
+        if size == 0:
+            empty = np.zeros(0, dtype=np.uint8)
+            empty.setflags(write=False)
+            return empty
+        data = self._run(lambda: self._obstore.get_range_async(
+            self._store, self.key(name), start=0, end=size), name, f"GET of bytes 0-{size}")
+        array = np.frombuffer(data, dtype=np.uint8)
+        array.setflags(write=False)
+        return array
+
+    def close(self) -> None:
+        """Forget every handle; idempotent. Reads after it raise ``OSError``."""
+        with self._lock:
+            self._closed = True
+            self._handles, self._keys, self._sizes = {}, [], []
