@@ -1,0 +1,170 @@
+"""Tokenizers for ``convert``: Hugging Face ``tokenizers`` files and raw bytes.
+
+An ``Encoder`` turns a batch of texts into token ids and, per token, the
+character range of the text it came from (its offset mapping). Workers get a
+small picklable ``EncoderSpec`` and build the encoder once per process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from zerobatch.errors import FormatError
+from zerobatch.stream.manifest import Tokenizer
+
+__all__ = [
+    "BYTES",
+    "ByteEncoder",
+    "Encoded",
+    "Encoder",
+    "EncoderSpec",
+    "HFEncoder",
+    "resolve_tokenizer",
+    "token_dtype",
+]
+
+BYTES = "bytes"
+_EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[SEP]")
+_CACHE: dict[EncoderSpec, Encoder] = {}
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One document's ids and, per token, ``[start, end)`` in characters."""
+
+    ids: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    ends: npt.NDArray[np.int64]
+
+
+class Encoder(Protocol):
+    """What ``convert`` needs from a tokenizer."""
+
+    facts: Tokenizer
+
+    def encode(self, texts: list[str]) -> list[Encoded]: ...
+
+
+class ByteEncoder:
+    """UTF-8 bytes as ids 0..255, end of document 256 (vocabulary 257)."""
+
+    def __init__(self) -> None:
+        self.facts = Tokenizer(BYTES, 257, 256, None)
+
+    def encode(self, texts: list[str]) -> list[Encoded]:
+        out = []
+        for text in texts:
+            raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+            # A byte starts a character unless it is a continuation byte 10xxxxxx.
+            char = np.cumsum((raw & 0xC0) != 0x80, dtype=np.int64) - 1
+            out.append(Encoded(raw.astype(np.int64), char, char + 1))
+        return out
+
+
+class HFEncoder:
+    """A Hugging Face ``tokenizers.Tokenizer`` loaded from its JSON file."""
+
+    def __init__(self, path: str, name: str, eos_id: int | None) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._tokenizer = HFTokenizer.from_file(path)
+        vocab = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.facts = Tokenizer(name, vocab, eos_id, None)
+
+    def encode(self, texts: list[str]) -> list[Encoded]:
+        out = []
+        for encoding in self._tokenizer.encode_batch(texts):
+            offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+            out.append(Encoded(np.asarray(encoding.ids, dtype=np.int64),
+                               offsets[:, 0], offsets[:, 1]))
+        return out
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """A picklable recipe for an encoder: ``BYTES``, or a tokenizer JSON file."""
+
+    kind: str
+    path: str | None = None
+    name: str | None = None
+    eos_id: int | None = None
+
+    def build(self) -> Encoder:
+        """The encoder, built once per process and spec."""
+        encoder = _CACHE.get(self)
+        if encoder is None:
+            if self.kind == BYTES:
+                encoder = ByteEncoder()
+            else:
+                assert self.path is not None and self.name is not None
+                encoder = HFEncoder(self.path, self.name, self.eos_id)
+            _CACHE[self] = encoder
+        return encoder
+
+
+def token_dtype(vocab_size: int) -> str:
+    """The stored token dtype: ``<u2`` up to 65,536 ids, else ``<u4``."""
+    return "<u2" if vocab_size <= 1 << 16 else "<u4"
+
+
+def _tokenizer_file(spec: str | os.PathLike[str]) -> Path:
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise FormatError("no tokenizer file here; pass a tokenizers JSON file, a folder "
+                          "holding tokenizer.json, or 'bytes'", path=path, field="tokenizer")
+    return path
+
+
+def _find_eos(tokenizer: Any, eos: int | str | None, path: Path) -> int | None:
+    if isinstance(eos, int):
+        return eos
+    names = (eos,) if isinstance(eos, str) else _EOS_NAMES
+    for name in names:
+        found = tokenizer.token_to_id(name)
+        if found is not None:
+            return int(found)
+    if isinstance(eos, str):
+        raise FormatError(f"the tokenizer has no token {eos!r}", path=path, field="eos")
+    return None
+
+
+def resolve_tokenizer(
+    tokenizer: Any, work: Path, *, eos: int | str | None = None
+) -> EncoderSpec:
+    """An ``EncoderSpec`` for ``tokenizer``: ``"bytes"``, a JSON file or model
+    folder path, or a ``tokenizers.Tokenizer`` (saved into ``work``).
+
+    ``eos`` is the end-of-document id or token; by default a usual name
+    (``<|endoftext|>``, ``</s>``, …) is looked up. Raises ``FormatError``
+    naming the file when it cannot be read.
+    """
+    if isinstance(tokenizer, str) and tokenizer == BYTES:
+        if eos is not None and eos != 256:
+            raise ValueError("the byte tokenizer's end-of-document id is 256")
+        return EncoderSpec(BYTES)
+    from tokenizers import Tokenizer as HFTokenizer
+
+    if isinstance(tokenizer, HFTokenizer):
+        path, name = work / "tokenizer.json", "tokenizer"
+        tokenizer.save(str(path))
+        loaded = tokenizer
+    elif isinstance(tokenizer, (str, os.PathLike)):
+        path = _tokenizer_file(tokenizer)
+        name = Path(tokenizer).name if Path(tokenizer).is_dir() else path.stem
+        try:
+            loaded = HFTokenizer.from_file(str(path))
+        except Exception as error:
+            raise FormatError(f"cannot read the tokenizer ({error})", path=path,
+                              field="tokenizer") from None
+    else:
+        raise TypeError("tokenizer must be 'bytes', a path or a tokenizers.Tokenizer, "
+                        f"got {type(tokenizer).__name__}")
+    return EncoderSpec("hf", str(Path(path).resolve()), name, _find_eos(loaded, eos, path))
