@@ -96,6 +96,7 @@ class _Faults:
     kinds: tuple[str, ...] = ("503", "reset", "delay")
     delay: float = 0.05
     latency: float = 0.0
+    bandwidth: float = 0.0  # bytes/s per response body; 0: no cap
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
 
@@ -165,6 +166,8 @@ class FaultProxy:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 if self.command != "HEAD":
+                    if proxy.state.bandwidth:
+                        time.sleep(len(payload) / proxy.state.bandwidth)
                     self.wfile.write(payload)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
@@ -188,10 +191,13 @@ class FaultProxy:
 
     @contextlib.contextmanager
     def faults(self, rate: float, *, kinds: tuple[str, ...] = ("503", "reset", "delay"),
-               delay: float = 0.05, latency: float = 0.0, seed: int = 0) -> Iterator[None]:
-        """Inject faults into ``rate`` of the requests inside the block."""
+               delay: float = 0.05, latency: float = 0.0, bandwidth: float = 0.0,
+               seed: int = 0) -> Iterator[None]:
+        """Inject faults into ``rate`` of the requests inside the block; add
+        ``latency`` seconds to every request and cap each response body at
+        ``bandwidth`` bytes/s (0: no cap)."""
         with self.lock:
-            self.state = _Faults(rate, kinds, delay, latency, random.Random(seed))
+            self.state = _Faults(rate, kinds, delay, latency, bandwidth, random.Random(seed))
         try:
             yield
         finally:

@@ -39,6 +39,7 @@ import xxhash
 
 from zerobatch.jax._global import check_layout, local_rows, to_global
 from zerobatch.shuffle import Feistel
+from zerobatch.storage import is_url, join, local_path, open_storage
 from zerobatch.stream.npy import NpyTokens, open_npy
 
 __all__ = ["DataConfig", "ShardDataset", "get_datasets"]
@@ -57,13 +58,21 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return xxhash.xxh64_intdigest(f"{seed}:{epoch}".encode())
 
 
-def _open_split(location: str | os.PathLike[str], folder: str) -> NpyTokens:
-    """The ``.npy`` shards of ``<location>/<folder>/`` as one stream."""
-    path = Path(location) / folder
+def _open_split(location: str | os.PathLike[str], folder: str,
+                storage_options: dict[str, Any]) -> NpyTokens:
+    """The ``.npy`` shards of ``<location>/<folder>/`` (a folder or an object-store
+    prefix) as one stream."""
+    if is_url(location):
+        url = str(join(location, folder))
+        storage = open_storage(url, **storage_options)
+        names = [name for name in storage.names() if name.endswith(".npy")]
+        return open_npy(url, storage=storage, names=names)
+    path = local_path(location) / folder
     if not path.is_dir():
         raise FileNotFoundError(f"{path} is not a folder; expected .npy token shards in "
-                                f"<bucket or folder>/{folder}/")
-    return open_npy(path)
+                                f"<bucket or folder>/{folder}/ (an object-store bucket is "
+                                "a URL: s3://, gs://, az://)")
+    return open_npy(path, storage=open_storage(path, **storage_options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +96,7 @@ class DataConfig:
     seed: int = 0
     prefetch: int = 2
     dtype: str = "int32"
+    storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_args(cls, argv: Sequence[str] | None = None) -> DataConfig:
@@ -127,12 +137,16 @@ class ShardDataset:
         shuffle, seed: a global shuffle per epoch, from ``(seed, epoch)``.
         prefetch: calls read and placed ahead (0: read when called).
         dtype: ``"int32"`` (JAX's default integer) or ``"int64"``.
+        storage_options: for ``zerobatch.storage.open_storage`` (object-store
+            credentials, endpoint, retries); reads that still fail after the
+            retry budget raise ``StorageError``.
     """
 
     def __init__(
         self, bucket_name: str | os.PathLike[str], id: str, T: int, batch_size: int,
         microbatch: int, dp: int = 1, pp: int = 1, partition: Any = None, *, tp: int = 1,
         shuffle: bool = False, seed: int = 0, prefetch: int = 2, dtype: str = "int32",
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self._step_shape = check_layout(batch_size=batch_size, microbatch=microbatch,
                                          seq_len=T, dp=dp, pp=pp, tp=tp)
@@ -145,7 +159,7 @@ class ShardDataset:
         self._shuffle = bool(shuffle)
         self._seed = int(seed)
         self._prefetch = prefetch
-        self._tokens = _open_split(bucket_name, id)
+        self._tokens = _open_split(bucket_name, id, dict(storage_options or {}))
         self._windows = self._tokens.windows(T, dtype=dtype)
         self._rows = dp * batch_size  # windows per step, all replicas
         if len(self._windows) < self._rows:
@@ -291,7 +305,8 @@ def get_datasets(
 ) -> tuple[ShardDataset, ShardDataset]:
     """The train and val datasets of ``cfg`` (seed 003's ``getDataset``)."""
     common = {"partition": partition, "dp": dp, "pp": pp, "tp": tp, "seed": cfg.seed,
-              "prefetch": cfg.prefetch, "dtype": cfg.dtype}
+              "prefetch": cfg.prefetch, "dtype": cfg.dtype,
+              "storage_options": cfg.storage_options}
     train = ShardDataset(cfg.bucket_name, cfg.train_folder_name, cfg.T, cfg.train_batch_size,
                          cfg.micro_batch_size, shuffle=cfg.shuffle, **common)
     val = ShardDataset(cfg.bucket_name, cfg.val_folder_name, cfg.T, cfg.val_batch_size,

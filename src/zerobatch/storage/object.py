@@ -222,6 +222,10 @@ class ObjectStorage:
                             for meta in result["objects"]}
         return self._listed
 
+    def names(self) -> list[str]:
+        """The objects directly under the prefix, sorted (one LIST, cached)."""
+        return sorted(self._list())
+
     def size(self, name: str) -> int:
         """The size of ``name`` in bytes; ``FileNotFoundError`` naming its URL if absent."""
         size = self._list().get(name)

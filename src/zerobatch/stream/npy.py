@@ -261,24 +261,20 @@ def open_npy(
 ) -> NpyTokens:
     """Open the ``.npy`` token files of a folder (name order) as one stream.
 
-    ``storage`` (e.g. an object-store prefix) replaces the local folder; then
-    ``names`` lists the files. Raises ``FormatError`` naming the file and field
-    for a bad header, dtype, rank or size, and ``FileNotFoundError`` when there
-    is no ``.npy`` file.
+    ``storage`` (e.g. an object-store prefix; ``path`` then only names it in
+    messages) replaces ``LocalStorage(path)``; ``names`` (default: the local
+    folder's ``*.npy``, sorted) lists the files in stream order. Raises
+    ``FormatError`` naming the file and field for a bad header, dtype, rank or
+    size, and ``FileNotFoundError`` when there is no ``.npy`` file.
     """
+    folder = None if path is None else Path(path)
+    if names is None:
+        if folder is None or not folder.is_dir():
+            raise FileNotFoundError(f"{folder} is not a folder (or pass storage= and names=)")
+        names = sorted(p.name for p in folder.glob(f"*{_SUFFIX}") if p.is_file())
     if storage is None:
-        if path is None:
-            raise ValueError("pass a folder or a storage")
-        folder = Path(path)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder} is not a folder")
+        if folder is None:
+            raise ValueError("pass a folder or storage=")
         storage = LocalStorage(folder)
-        where = str(folder)
-        if names is None:
-            names = sorted(p.name for p in folder.glob(f"*{_SUFFIX}") if p.is_file())
-    else:
-        where = str(path) if path is not None else repr(storage)
-        if names is None:
-            raise ValueError("pass names= with storage=")
+    where = str(path) if path is not None else repr(storage)
     return NpyTokens(storage, list(names), where=where)
-
