@@ -30,7 +30,6 @@ import logging
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import jax
