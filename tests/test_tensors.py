@@ -181,31 +181,6 @@ def test_torch_reads_share_a_private_writable_map(fmt: str, tmp_path: Path) -> N
     assert zt.load_file(tmp_path / "f", "pt")["a"][0, 0] == 0.0
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    shape=st.lists(st.integers(0, 5), min_size=1, max_size=3).map(tuple),
-    data=st.data(),
-)
-def test_get_slice_with_steps_matches_numpy(shape: tuple[int, ...], data: st.DataObject,
-                                            tmp_path_factory: Any) -> None:
-    array = np.arange(int(np.prod(shape)), dtype=np.int32).reshape(shape)
-    index = tuple(
-        data.draw(st.slices(size) | st.integers(-size, size - 1) if size else st.slices(size))
-        for size in shape
-    )
-    path = tmp_path_factory.mktemp("slice") / "f"
-    zt.save_file({"x": array}, path, format=data.draw(st.sampled_from(["bintensors",
-                                                                       "safetensors"])))
-    with zt.safe_open(path, "np") as file:
-        part = file.get_slice("x")
-        assert part.get_shape() == list(shape)
-        assert part.get_dtype() == "I32"
-        np.testing.assert_array_equal(part[index], array[index])
-    with zt.safe_open(path, "pt") as file:
-        got = file.get_slice("x")[index]
-        np.testing.assert_array_equal(got.numpy(), array[index])
-
-
 def test_reference_bintensors_ignores_steps_and_we_do_not(tmp_path: Path) -> None:
     array = np.arange(10, dtype=np.float32)
     bintensors.numpy.save_file({"x": array}, tmp_path / "f")

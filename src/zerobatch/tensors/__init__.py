@@ -34,6 +34,7 @@ from zerobatch.tensors._api import (
     save_with_checksum,
 )
 from zerobatch.tensors._describe import describe, is_tensor_file
+from zerobatch.tensors._errors import SafetensorError, SliceError, TensorNotFound
 from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header, TensorInfo
 from zerobatch.tensors._open import TensorSlice, safe_open
 
@@ -42,7 +43,10 @@ __all__ = [
     "HEADER_LIMIT",
     "SAFETENSORS",
     "Header",
+    "SafetensorError",
+    "SliceError",
     "TensorInfo",
+    "TensorNotFound",
     "TensorSlice",
     "checksum",
     "describe",

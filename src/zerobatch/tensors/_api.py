@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from zerobatch.tensors import numpy as _numpy
+from zerobatch.tensors import _to_numpy
 from zerobatch.tensors._arrays import plan
 from zerobatch.tensors._format import encode_header, read_header
 from zerobatch.tensors._header import BINTENSORS
@@ -69,22 +69,27 @@ def load(data: bytes | bytearray, framework: str = "np") -> dict[str, Any]:
     NumPy arrays are read-only views of ``data``; other frameworks get one
     copy of the bytes so their tensors are writable.
     """
-    convert = adapter(framework).convert
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"argument 'data': expected bytes, not {type(data).__name__}")
+    chosen = adapter(framework)
     if framework not in ("np", "numpy"):
         data = bytearray(data)  # copy: torch and JAX want writable memory
     header = read_header(data)
     rows = [header.index[name] for name in header.offset_order()]
     return {
-        header.names[row]: convert(_numpy.view(data, header, row, path=None), "cpu")
+        header.names[row]: chosen.convert(
+            _to_numpy.view(data, header, row, path=None, packed=chosen.PACKED), "cpu")
         for row in rows
     }
 
 
 def load_file(path: str | os.PathLike[str], framework: str = "np",
-              device: str | int = "cpu") -> dict[str, Any]:
-    """All tensors in the file at ``path``, in file order (zero-copy on the CPU)."""
-    with safe_open(path, framework, device) as file:
-        return {name: file.get_tensor(name) for name in file.offset_keys()}
+              device: str | int = "cpu", *, backend: str = "mmap") -> dict[str, Any]:
+    """All tensors in the file at ``path`` (or a binary file object), in file
+    order; zero-copy on the CPU with ``backend="mmap"``, one read per tensor
+    with ``"pread"``."""
+    with safe_open(path, framework, device, backend=backend) as file:
+        return file.get_tensors()
 
 
 def checksum(path: str | os.PathLike[str], hasher: Callable[..., Any] = hashlib.sha1) -> bytes:

@@ -16,6 +16,8 @@ from zerobatch.tensors._safetensors_header import METADATA_KEY
 
 __all__ = ["Planned", "plan"]
 
+_F4_PAIRS = "float4_e2m1fn_x2"
+
 
 @dataclass(frozen=True)
 class Planned:
@@ -30,10 +32,19 @@ class Planned:
 def _from_torch(tensor: Any) -> tuple[int | None, tuple[int, ...], Any]:
     import torch
 
-    flat = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
+    if tensor.layout != torch.strided:
+        raise ValueError(f"is a sparse tensor ({tensor.layout}); make it dense with "
+                         ".to_dense() before saving")
     name = str(tensor.dtype).removeprefix("torch.")
     code = next((c for c, dtype in enumerate(DTYPES) if dtype.torch_name == name), None)
-    return code, tuple(tensor.shape), flat.view(torch.uint8).numpy()
+    shape = tuple(tensor.shape)
+    if name == _F4_PAIRS:  # two 4-bit elements per byte: the file counts elements
+        if not shape:
+            raise ValueError("is a 0-d float4_e2m1fn_x2 tensor; F4 needs a last dimension")
+        shape = (*shape[:-1], shape[-1] * 2)
+        tensor = tensor.view(torch.uint8)
+    flat = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
+    return code, shape, flat.view(torch.uint8).numpy()
 
 
 def _from_numpy(array: np.ndarray[Any, Any]) -> tuple[int | None, tuple[int, ...], Any]:
@@ -72,6 +83,9 @@ def plan(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None,
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+    if not isinstance(tensors, Mapping):
+        raise ValueError(f"argument 'tensors': expected a dict of names to tensors, got "
+                         f"{type(tensors).__name__}")
     problems = _check_metadata(metadata)
     planned = []
     for name, value in tensors.items():
@@ -81,7 +95,11 @@ def plan(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None,
         if fmt == SAFETENSORS and name == METADATA_KEY:
             problems.append(f"{METADATA_KEY!r} is reserved for metadata in safetensors")
             continue
-        code, shape, data = _convert(value)
+        try:
+            code, shape, data = _convert(value)
+        except ValueError as error:
+            problems.append(f"tensor {name!r} {error}")
+            continue
         if code is None or (fmt == BINTENSORS and code not in BINTENSORS_ID):
             dtype = getattr(value, "dtype", type(value).__name__)
             problems.append(f"tensor {name!r}: {fmt} cannot store dtype {dtype}")

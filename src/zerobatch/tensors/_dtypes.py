@@ -47,7 +47,7 @@ class DType:
 
 DTYPES: tuple[DType, ...] = (
     DType("BOOL", 8, 0, "bool", "bool"),
-    DType("F4", 4, None, None, None),
+    DType("F4", 4, None, None, "float4_e2m1fn_x2"),
     DType("F6_E2M3", 6, None, None, None),
     DType("F6_E3M2", 6, None, None, None),
     DType("U8", 8, 1, "uint8", "uint8"),

@@ -8,6 +8,7 @@ tensors' byte ranges must cover exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from zerobatch.tensors._dtypes import BINTENSORS_CODE, BINTENSORS_ID
 from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header, cut_strings
 from zerobatch.tensors._validate import check_layout
 
-__all__ = ["LENGTH_SIZE", "detect", "encode_header", "read_header"]
+__all__ = ["LENGTH_SIZE", "detect", "encode_header", "read_header", "read_header_at"]
 
 LENGTH_SIZE = 8
 """Bytes of the little-endian u64 header length that opens every file."""
@@ -105,9 +106,16 @@ def read_header(buffer: Any, *, path: object = None) -> Header:
     section exactly.
     """
     view = memoryview(buffer).cast("B")
-    size = len(view)
-    fmt, length = detect(bytes(view[: LENGTH_SIZE + 1]), size, path=path)
-    raw = bytes(view[LENGTH_SIZE : LENGTH_SIZE + length])
+    return read_header_at(lambda begin, end: bytes(view[begin:end]), len(view), path=path)
+
+
+def read_header_at(read: Callable[[int, int], bytes], size: int, *, path: object = None
+                   ) -> Header:
+    """:func:`read_header` for a ``size``-byte file whose bytes ``[begin, end)``
+    come from ``read(begin, end)`` (a pread, a ranged request): reads the first
+    9 bytes, then the header, never the data."""
+    fmt, length = detect(read(0, min(size, LENGTH_SIZE + 1)), size, path=path)
+    raw = read(LENGTH_SIZE, LENGTH_SIZE + length)
     reader = _read_bintensors if fmt == BINTENSORS else _safetensors_header.decode
     metadata, names, codes, dims, starts, begins, ends = reader(raw, path=path)
     index = dict(zip(names, range(len(names)), strict=True))

@@ -1,90 +1,104 @@
-"""``safe_open``: a tensor file mapped once, tensors handed out lazily."""
+"""``safe_open``: a tensor file's header parsed once, tensors handed out lazily."""
 
 from __future__ import annotations
 
-import mmap
-import os
 from types import ModuleType, TracebackType
 from typing import Any
 
 import numpy as np
 
-from zerobatch.tensors import jax as _jax
-from zerobatch.tensors import numpy as _numpy
-from zerobatch.tensors import torch as _torch
-from zerobatch.tensors._format import read_header
+from zerobatch.tensors import _to_jax, _to_numpy, _to_torch
+from zerobatch.tensors._errors import SafetensorError, TensorNotFound
+from zerobatch.tensors._format import read_header_at
 from zerobatch.tensors._header import Header
+from zerobatch.tensors._slicing import basic_index
+from zerobatch.tensors._source import Source, open_source
 
 __all__ = ["TensorSlice", "adapter", "safe_open"]
 
 _ADAPTERS: dict[str, ModuleType] = {
-    "np": _numpy,
-    "numpy": _numpy,
-    "pt": _torch,
-    "torch": _torch,
-    "jax": _jax,
-    "flax": _jax,
+    "np": _to_numpy,
+    "numpy": _to_numpy,
+    "pt": _to_torch,
+    "torch": _to_torch,
+    "jax": _to_jax,
+    "flax": _to_jax,
 }
 
 
 def adapter(framework: str) -> ModuleType:
     """The module that converts NumPy views for ``framework``."""
+    if not isinstance(framework, str):
+        raise TypeError(f"argument 'framework': expected str, not {type(framework).__name__}")
     try:
         return _ADAPTERS[framework]
     except KeyError:
         known = sorted(_ADAPTERS)
-        raise ValueError(f"framework must be one of {known}, got {framework!r}") from None
+        raise SafetensorError(f"framework must be one of {known}, got {framework!r}",
+                              field="framework") from None
 
 
 class TensorSlice:
-    """One tensor, not yet read: index it (NumPy basic indexing, steps
-    included) to get just that part in the file's framework."""
+    """One tensor, not yet sliced: index it to get just that part in the
+    file's framework. Accepts what safetensors accepts (ints, slices with
+    positive steps, one ``...``; see ``_slicing``) and refuses the rest with
+    :class:`SliceError`. Stays usable after the file is closed."""
 
-    def __init__(self, array: np.ndarray[Any, Any], dtype: str, convert: Any,
-                 device: str | int) -> None:
+    def __init__(self, array: np.ndarray[Any, Any], shape: tuple[int, ...], dtype: str,
+                 convert: Any, device: str | int, *, path: object, name: str) -> None:
         self._array = array
+        self._shape = shape
         self._dtype = dtype
         self._convert = convert
         self._device = device
+        self._path = path
+        self._name = name
 
     def get_shape(self) -> list[int]:
-        """The full tensor's shape."""
-        return list(self._array.shape)
+        """The full tensor's shape (elements, as the header stores it)."""
+        return list(self._shape)
 
     def get_dtype(self) -> str:
         """The dtype string as the file stores it (``"F32"``)."""
         return self._dtype
 
     def __getitem__(self, index: Any) -> Any:
-        if not isinstance(index, tuple):
-            index = (index,)
-        if not any(item is Ellipsis for item in index):
-            index = (*index, Ellipsis)  # keeps integer indexing a 0-d view, not a scalar
-        return self._convert(self._array[index], self._device)
+        spelled = basic_index(index, self._shape, path=self._path, name=self._name)
+        if self._array.shape != self._shape:
+            raise SafetensorError(f"tensor {self._name!r}: dtype {self._dtype} packs several "
+                                  "elements per byte and cannot be sliced; read it whole with "
+                                  "get_tensor", path=self._path, field=self._name)
+        # the trailing ... keeps all-int indexes a 0-d view, not a NumPy scalar
+        return self._convert(self._array[(*spelled, Ellipsis)], self._device)
 
 
 class safe_open:
     """Open a bintensors or safetensors file (detected from its bytes).
 
-    ``framework`` is ``"np"``/``"numpy"``, ``"pt"``/``"torch"`` or
-    ``"jax"``/``"flax"``. The header is parsed and checked completely here;
-    tensors are views over one memory map (read-only for NumPy and JAX,
-    copy-on-write for PyTorch: writes to a tensor never reach the file, but
-    later reads through the same handle see them). Tensors stay valid after
-    the file is closed. Reads may run from several threads; closing while
-    another thread reads is not safe.
+    ``filename`` is a path or a binary file object (read from its start; the
+    caller keeps it open). ``framework`` is ``"np"``/``"numpy"``,
+    ``"pt"``/``"torch"`` or ``"jax"``/``"flax"``. ``backend="mmap"`` maps the
+    file once and hands out views (read-only for NumPy and JAX,
+    copy-on-write for PyTorch: writes never reach the file); ``"pread"``
+    reads each tensor into its own writable memory. The header is parsed and
+    checked completely here. Every call on a closed handle raises
+    ``SafetensorError``; tensors and slices already returned stay valid.
+    Reads may run from several threads; closing while another thread reads
+    is not safe.
     """
 
-    def __init__(self, path: str | os.PathLike[str], framework: str, device: str | int = "cpu"
-                 ) -> None:
-        self._path = os.fspath(path)
+    def __init__(self, filename: Any, framework: str, device: str | int = "cpu", *,
+                 backend: str = "mmap") -> None:
         self._adapter = adapter(framework)
-        self._device = device
-        with open(self._path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            buffer: Any = mmap.mmap(file.fileno(), 0, access=self._adapter.ACCESS) if size else b""
-        self._buffer: Any = buffer
-        self._header: Header = read_header(buffer, path=self._path)
+        self._device = self._adapter.check_device(device)
+        self._source: Source | None = open_source(filename, backend, self._adapter.ACCESS)
+        self._path = self._source.label
+        try:
+            self._header: Header = read_header_at(self._source.read, self._source.size,
+                                                  path=self._path)
+        except BaseException:
+            self._source.close()
+            raise
 
     def __enter__(self) -> safe_open:
         return self
@@ -94,41 +108,66 @@ class safe_open:
         self.close()
 
     def close(self) -> None:
-        """Drop this handle's mapping; tensors already returned keep it alive. Idempotent."""
-        self._buffer = None
+        """Release the file; tensors already returned stay valid. Idempotent."""
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+    def _open(self) -> Source:
+        if self._source is None:
+            raise SafetensorError("file is closed", path=self._path)
+        return self._source
 
     @property
     def header(self) -> Header:
         """The parsed, validated header."""
+        self._open()
         return self._header
 
     def keys(self) -> list[str]:
         """Tensor names, sorted."""
+        self._open()
         return sorted(self._header.names)
 
     def offset_keys(self) -> list[str]:
         """Tensor names in the order of their data in the file."""
+        self._open()
         return self._header.offset_order()
 
     def metadata(self) -> dict[str, str] | None:
         """The free-form string metadata, or None when the file has none."""
+        self._open()
         metadata = self._header.metadata
         return None if metadata is None else dict(metadata)
 
-    def _array(self, name: str) -> np.ndarray[Any, Any]:
-        if self._buffer is None:
-            raise ValueError(f"{self._path}: file is closed")
+    def _row(self, name: str) -> int:
+        self._open()
+        if not isinstance(name, str):
+            raise TypeError(f"argument 'name': expected str, not {type(name).__name__}")
         row = self._header.index.get(name)
         if row is None:
-            raise KeyError(f"{self._path}: no tensor named {name!r}")
-        return _numpy.view(self._buffer, self._header, row, path=self._path)
+            raise TensorNotFound(f"file does not contain tensor {name!r}", path=self._path,
+                                 field=name)
+        return row
+
+    def _array(self, row: int) -> np.ndarray[Any, Any]:
+        header = self._header
+        begin = header.data_start + int(header.begins[row])
+        buffer, offset = self._open().span(begin, header.data_start + int(header.ends[row]))
+        return _to_numpy.view(buffer, header, row, path=self._path, offset=offset,
+                              packed=self._adapter.PACKED)
 
     def get_tensor(self, name: str) -> Any:
-        """The whole tensor ``name`` (zero-copy on the CPU)."""
-        return self._adapter.convert(self._array(name), self._device)
+        """The whole tensor ``name`` (zero-copy on the CPU with ``backend="mmap"``)."""
+        return self._adapter.convert(self._array(self._row(name)), self._device)
+
+    def get_tensors(self) -> dict[str, Any]:
+        """Every tensor, by name, in the order of their data in the file."""
+        return {name: self.get_tensor(name) for name in self.offset_keys()}
 
     def get_slice(self, name: str) -> TensorSlice:
-        """A lazy handle on ``name`` to read part of it."""
-        array = self._array(name)
-        dtype = self._header.info(self._header.index[name]).dtype
-        return TensorSlice(array, dtype, self._adapter.convert, self._device)
+        """A handle on ``name`` to read part of it by indexing."""
+        row = self._row(name)
+        info = self._header.info(row)
+        return TensorSlice(self._array(row), info.shape, info.dtype, self._adapter.convert,
+                           self._device, path=self._path, name=name)

@@ -1,43 +1,61 @@
-"""NumPy views over tensor-file bytes: read-only, zero-copy.
+"""Drop-in for ``safetensors.numpy``: change only the import.
 
-bf16 and the fp8 types come from ``ml_dtypes``; the packed sub-byte types
-(F4, F6_*) have no NumPy form and raise :class:`FormatError` when read.
+Same functions, arguments, defaults and return values as safetensors 0.8.0
+(``save``, ``save_file``, ``load``, ``load_file``), the same bytes written.
+Differences: ``load_file`` with the default ``backend="mmap"`` returns
+read-only views of the file instead of copies (``backend="pread"`` gives
+writable copies); arrays that are not C-contiguous are written in C order
+(safetensors writes their memory as it lies). ``format="bintensors"`` writes
+bintensors files instead.
 """
 
 from __future__ import annotations
 
-import mmap
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from zerobatch.errors import FormatError
-from zerobatch.tensors._dtypes import DTYPES, numpy_dtype
-from zerobatch.tensors._header import Header
+from zerobatch.tensors import _api
+from zerobatch.tensors._checks import check_filename, check_metadata, check_tensor_dict
+from zerobatch.tensors._errors import SafetensorError
+from zerobatch.tensors._header import SAFETENSORS
+from zerobatch.tensors._open import safe_open
 
-__all__ = ["ACCESS", "convert", "view"]
-
-ACCESS = mmap.ACCESS_READ
-"""How a file is mapped for this framework: shared and read-only."""
-
-
-def view(buffer: Any, header: Header, row: int, *, path: object) -> np.ndarray[Any, Any]:
-    """The tensor at ``row`` as an array over ``buffer`` (no copy)."""
-    info = header.info(row)
-    dtype = numpy_dtype(int(header.codes[row]))
-    if dtype is None:
-        raise FormatError(f"tensor {info.name!r}: dtype {info.dtype} packs "
-                          f"{DTYPES[int(header.codes[row])].bits}-bit elements, which NumPy "
-                          "cannot view", path=path, field="dtype")
-    count = (info.end - info.begin) // dtype.itemsize
-    if count == 0:
-        return np.empty(info.shape, dtype)
-    offset = header.data_start + info.begin
-    return np.frombuffer(buffer, dtype, count=count, offset=offset).reshape(info.shape)
+__all__ = ["SafetensorError", "load", "load_file", "safe_open", "save", "save_file"]
 
 
-def convert(array: np.ndarray[Any, Any], device: str | int) -> np.ndarray[Any, Any]:
-    """``array`` itself: NumPy lives on the CPU only."""
-    if device != "cpu":
-        raise ValueError(f"NumPy arrays live on the CPU, got device {device!r}")
-    return array
+def _check_for_save(tensors: Any, metadata: Any) -> None:
+    check_tensor_dict(tensors, "tensor_dict")
+    check_metadata(metadata)
+    for name, array in tensors.items():
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"argument 'tensor_dict': {name!r} is a {type(array).__name__}, "
+                             "expected a numpy.ndarray")
+
+
+def save(tensor_dict: Mapping[str, np.ndarray[Any, Any]],
+         metadata: Mapping[str, str] | None = None, *, format: str = SAFETENSORS) -> bytes:
+    """The file bytes for ``tensor_dict``."""
+    _check_for_save(tensor_dict, metadata)
+    return _api.save(tensor_dict, metadata, format=format)
+
+
+def save_file(tensor_dict: Mapping[str, np.ndarray[Any, Any]],
+              filename: str | os.PathLike[str], metadata: Mapping[str, str] | None = None, *,
+              format: str = SAFETENSORS) -> None:
+    """Write ``tensor_dict`` to ``filename`` (atomically: nothing appears on error)."""
+    _check_for_save(tensor_dict, metadata)
+    check_filename(filename)
+    _api.save_file(tensor_dict, filename, metadata, format=format)
+
+
+def load(data: bytes) -> dict[str, np.ndarray[Any, Any]]:
+    """All arrays in ``data`` (file bytes): read-only views of it."""
+    return _api.load(data, "np")
+
+
+def load_file(filename: Any, *, backend: str = "mmap") -> dict[str, np.ndarray[Any, Any]]:
+    """All arrays in ``filename`` (a path or binary file object)."""
+    return _api.load_file(filename, "np", backend=backend)
