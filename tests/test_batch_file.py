@@ -387,7 +387,7 @@ def test_corrupt_manifest(tmp_path: Path, edit: object, message: str) -> None:
 def test_manifest_not_json_and_missing_shard(tmp_path: Path) -> None:
     folder = _shards(tmp_path)
     (folder / "00001.batch").unlink()
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FormatError, match="cannot be opened"):
         BatchFileReader(folder)
     (folder / "manifest.json").write_text("{not json")
     with pytest.raises(FormatError, match="not valid JSON"):

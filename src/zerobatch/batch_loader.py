@@ -8,15 +8,16 @@ order (seed 000), split across ranks, with exact resume.
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from zerobatch._json import load_json
 from zerobatch._text import format_table
 from zerobatch.batch_format import (
     HEADER_SIZE,
@@ -50,9 +51,13 @@ class _Shard:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY)
+        # O_NONBLOCK: a FIFO named as a shard must not block the open
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            size = os.fstat(self.fd).st_size
+            info = os.fstat(self.fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise FormatError("not a regular file", path=path, field="name")
+            size = info.st_size
             self.header = BatchHeader.unpack(os.pread(self.fd, HEADER_SIZE, 0), path=path)
             self.header.check_file_size(size, path=path)
             self.map = mmap.mmap(self.fd, size, access=mmap.ACCESS_READ)
@@ -111,6 +116,8 @@ def is_batch_file(path: str | os.PathLike[str]) -> bool:
     path = Path(path)
     if path.is_dir():
         return _read_manifest_format(path / MANIFEST_NAME) == MANIFEST_FORMAT
+    if not path.is_file():  # a FIFO or device would block or never end
+        return False
     try:
         with open(path, "rb") as file:
             return file.read(len(MAGIC)) == MAGIC
@@ -120,49 +127,69 @@ def is_batch_file(path: str | os.PathLike[str]) -> bool:
 
 def _read_manifest_format(path: Path) -> str | None:
     try:
-        data = json.loads(path.read_bytes()[:_MAX_MANIFEST_BYTES])
-    except (OSError, ValueError):
+        with open(path, "rb") as file:
+            raw = file.read(_MAX_MANIFEST_BYTES + 1)
+        data = load_json(raw, path=path, field="manifest", max_bytes=_MAX_MANIFEST_BYTES)
+    except (OSError, FormatError):
         return None
     return data.get("format") if isinstance(data, dict) else None
+
+
+def _shard_path(folder: Path, entry: Any, position: int, manifest: Path) -> Path:
+    """The path of shard ``position`` after checking its name: a printable
+    ``*.batch`` file name (no separator, NUL or control character, at most 255
+    UTF-8 bytes) of a regular file in ``folder``."""
+    name = entry.get("name") if isinstance(entry, dict) else None
+    where = f"shards[{position}].name"
+    ok = (isinstance(name, str) and name.isprintable() and name.endswith(".batch")
+          and not name.startswith(".") and not any(c in name for c in "/\\\x00"))
+    try:
+        ok = ok and len(name.encode("utf-8")) <= 255  # type: ignore[union-attr]
+    except UnicodeEncodeError:
+        ok = False
+    if not ok:
+        raise FormatError(f"expected a plain '*.batch' file name, found {name!r:.80}",
+                          path=manifest, field=where)
+    path = folder / name  # type: ignore[operator]
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise FormatError(f"shard {name!r} cannot be opened ({error.strerror})",
+                          path=path, field=where) from None
+    if not stat.S_ISREG(mode):
+        raise FormatError(f"shard {name!r} is not a regular file", path=path, field=where)
+    return path
 
 
 def _load_manifest(folder: Path) -> tuple[dict[str, Any], list[Path]]:
     """Parse and check a shard manifest; returns it and the shard paths in order."""
     path = folder / MANIFEST_NAME
-    raw = path.read_bytes()
-    if len(raw) > _MAX_MANIFEST_BYTES:
-        raise FormatError(f"manifest is {len(raw)} bytes, over the 64 MiB limit", path=path)
-    try:
-        manifest = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise FormatError(f"manifest is not valid JSON: {error}", path=path) from error
+    with open(path, "rb") as file:
+        raw = file.read(_MAX_MANIFEST_BYTES + 1)
+    manifest = load_json(raw, path=path, field="manifest", max_bytes=_MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise FormatError(f"expected format {MANIFEST_FORMAT!r}", path=path, field="format")
     if manifest.get("version") != 1:
         raise FormatError(
-            f"expected version 1, found {manifest.get('version')!r}", path=path, field="version"
+            f"expected version 1, found {manifest.get('version')!r:.80}", path=path,
+            field="version",
         )
     for key in ("batch_size", "seq_len", "seed", "total_records", "num_batches"):
         value = manifest.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise FormatError(f"expected a non-negative int, found {value!r}", path=path, field=key)
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise FormatError(f"expected a non-negative int64, found {value!r:.80}", path=path,
+                              field=key)
+    dtype = manifest.get("dtype")
     try:
-        manifest["dtype_code"] = dtype_code(str(manifest.get("dtype")))
-    except ValueError as error:
-        raise FormatError(str(error), path=path, field="dtype") from error
+        if not isinstance(dtype, str):
+            raise ValueError(f"expected a dtype name, found {dtype!r:.80}")
+        manifest["dtype_code"] = dtype_code(dtype)
+    except (ValueError, TypeError) as error:
+        raise FormatError(str(error), path=path, field="dtype") from None
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
         raise FormatError("expected a non-empty list of shards", path=path, field="shards")
-    paths = []
-    for position, entry in enumerate(shards):
-        name = entry.get("name") if isinstance(entry, dict) else None
-        if not isinstance(name, str) or Path(name).name != name or not name.endswith(".batch"):
-            raise FormatError(
-                f"shard {position} has name {name!r}; expected a plain '*.batch' file name",
-                path=path,
-                field="shards",
-            )
-        paths.append(folder / name)
+    paths = [_shard_path(folder, entry, position, path) for position, entry in enumerate(shards)]
     return manifest, paths
 
 

@@ -480,8 +480,10 @@ def _field_from_wire(entry: Any, rows: int, *, where: str) -> tuple[str, FieldSc
             "field entries must be [name, kind, dtype, shape, lengths]", path=where, field="fields"
         )
     name, kind, dtype_name, shape, raw_lengths = entry
-    if kind not in KINDS:
-        raise FormatError(f"unknown kind {kind!r}, expected one of {KINDS}", path=where, field=name)
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise FormatError(
+            f"unknown kind {kind!r:.80}, expected one of {KINDS}", path=where, field=name
+        )
     if type(shape) is not list or len(shape) > _MAX_NDIM:
         raise FormatError(f"bad shape {shape!r}", path=where, field=name)
     items = 1
@@ -499,9 +501,9 @@ def _field_from_wire(entry: Any, rows: int, *, where: str) -> tuple[str, FieldSc
             )
         dtype = dtype_name
     else:
-        if dtype_name not in DTYPES:
+        if not isinstance(dtype_name, str) or dtype_name not in DTYPES:
             raise FormatError(
-                f"unknown dtype {dtype_name!r}, expected one of {sorted(DTYPES)}",
+                f"unknown dtype {dtype_name!r:.80}, expected one of {sorted(DTYPES)}",
                 path=where,
                 field=name,
             )

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 
 __all__ = [
@@ -196,20 +198,38 @@ def _int(value: Any, path: Path, name: str, *, optional: bool = False) -> Any:
     return value
 
 
+_FIELD_KINDS = "biuf"  # per-token fields: bool, integers, floats (what a Batch carries)
+_MAX_NAME_BYTES = 200  # a shard stem; its longest file name stays under NAME_MAX (255)
+
+
 def _parse_dtype(descr: Any, path: Path) -> tuple[np.dtype, str | None]:
+    if isinstance(descr, list) and not all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str)
+        for p in descr
+    ):
+        raise _fail(f"expected a list of [name, type] string pairs, found {descr!r:.200}",
+                    path, "record_dtype")
+    if not isinstance(descr, (str, list)) or not descr:
+        raise _fail(f"expected a dtype string or a non-empty list, found {descr!r:.200}",
+                    path, "record_dtype")
     try:
-        spec = [tuple(p) for p in descr] if isinstance(descr, list) else descr
+        spec: Any = [tuple(p) for p in descr] if isinstance(descr, list) else descr
         dtype = np.lib.format.descr_to_dtype(spec)
-    except (TypeError, ValueError) as error:
-        raise _fail(f"unknown dtype {descr!r} ({error})", path, "record_dtype") from None
+    except (TypeError, ValueError, SyntaxError) as error:
+        raise _fail(f"unknown dtype {descr!r:.200} ({error})", path, "record_dtype") from None
     if dtype.names is None:
         if dtype.str not in TOKEN_DTYPES:
             raise _fail(f"expected one of {TOKEN_DTYPES}, found {dtype.str}", path, "record_dtype")
         return dtype, None
+    fields: Any = dtype.fields
+    if not dtype.names or dtype.itemsize != sum(fields[n][0].itemsize for n in dtype.names):
+        raise _fail("expected packed named fields", path, "record_dtype")
     for name in dtype.names:
         sub = dtype.fields[name][0]  # type: ignore[index]
-        if sub.hasobject or sub.names is not None or sub.byteorder == ">":
-            raise _fail(f"field {name!r} has an unsupported dtype {sub}", path, "record_dtype")
+        if (sub.kind not in _FIELD_KINDS or sub.shape != () or sub.byteorder == ">"
+                or not name.isidentifier()):
+            raise _fail(f"field {name!r:.80} has an unsupported dtype {sub} (per-token fields "
+                        "are scalar bool, integer or float)", path, "record_dtype")
     if dtype.names[0] != TOKEN or dtype.fields[TOKEN][0].str not in TOKEN_DTYPES:  # type: ignore[index]
         raise _fail(f"the first field must be {TOKEN!r} of {TOKEN_DTYPES}", path, "record_dtype")
     if META_ID in dtype.names and dtype.fields[META_ID][0] != META_ID_DTYPE:  # type: ignore[index]
@@ -217,13 +237,28 @@ def _parse_dtype(descr: Any, path: Path) -> tuple[np.dtype, str | None]:
     return dtype, TOKEN
 
 
+def _check_stem(name: Any, path: Path, where: str) -> str:
+    """``name`` if it is a plain file stem: no separator, NUL or control
+    character, not hidden, at most ``_MAX_NAME_BYTES`` UTF-8 bytes."""
+    ok = isinstance(name, str) and name and name.isprintable() and not name.startswith(".")
+    if ok and not any(c in name for c in "/\\\x00"):
+        try:
+            ok = len(name.encode("utf-8")) <= _MAX_NAME_BYTES
+        except UnicodeEncodeError:
+            ok = False
+    else:
+        ok = False
+    if not ok:
+        raise _fail(f"expected a plain file stem (printable, no path separator, at most "
+                    f"{_MAX_NAME_BYTES} bytes), found {name!r:.80}", path, where)
+    return name
+
+
 def _parse_shard(raw: Any, i: int, suffixes: tuple[str, ...], path: Path) -> Shard:
     where = f"shards[{i}]"
     if not isinstance(raw, dict):
         raise _fail("expected an object", path, where)
-    name = raw.get("name")
-    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
-        raise _fail(f"expected a plain file stem, found {name!r}", path, f"{where}.name")
+    name = _check_stem(raw.get("name"), path, f"{where}.name")
     records = _int(raw.get("records"), path, f"{where}.records")
     documents = _int(raw.get("documents"), path, f"{where}.documents")
     entries = _int(raw.get("metadata_entries"), path, f"{where}.metadata_entries", optional=True)
@@ -259,6 +294,13 @@ def _parse_tokenizer(raw: Any, path: Path) -> Tokenizer | None:
     )
 
 
+def _serializer_name_ok(name: str) -> bool:
+    """A built-in name (a word) or ``custom:<class name>``."""
+    word = name.removeprefix("custom:")
+    return bool(word) and len(name) <= 256 and word.replace(".", "_").replace("<", "_") \
+        .replace(">", "_").isidentifier()
+
+
 def parse_manifest(raw: Any, path: Path) -> Manifest:
     """Validate a decoded manifest; ``FormatError`` names the first bad field."""
     if not isinstance(raw, dict):
@@ -275,15 +317,15 @@ def parse_manifest(raw: Any, path: Path) -> Manifest:
     serializer = None
     if meta is not None:
         serializer = meta.get("serializer") if isinstance(meta, dict) else None
-        if not isinstance(serializer, str):
-            raise _fail(f"expected a serializer name, found {meta!r}", path, "metadata")
+        if not isinstance(serializer, str) or not _serializer_name_ok(serializer):
+            raise _fail(f"expected a serializer name, found {meta!r:.200}", path, "metadata")
     has_ids = dtype.names is not None and META_ID in dtype.names
     if has_ids != (serializer is not None):
         raise _fail(f"metadata and the {META_ID!r} field must come together", path, "metadata")
     shards_raw = raw.get("shards")
     if not isinstance(shards_raw, list):
         raise _fail("expected a list", path, "shards")
-    suffixes = (TOKENS, DOCS, META_INDEX, META_DATA) if serializer else (TOKENS, DOCS)
+    suffixes = (TOKENS, DOCS) if serializer is None else (TOKENS, DOCS, META_INDEX, META_DATA)
     shards = tuple(_parse_shard(s, i, suffixes, path) for i, s in enumerate(shards_raw))
     if len({s.name for s in shards}) != len(shards):
         raise _fail("shard names must be unique", path, "shards")
@@ -301,24 +343,20 @@ def is_dataset(path: str | os.PathLike[str]) -> bool:
     try:
         if manifest.stat().st_size > MAX_MANIFEST_BYTES:
             return False
-        raw = json.loads(manifest.read_bytes())
-    except (OSError, ValueError):
+        raw = load_json(manifest.read_bytes(), path=manifest, field="manifest",
+                        max_bytes=MAX_MANIFEST_BYTES)
+    except (OSError, FormatError):
         return False
     return isinstance(raw, dict) and raw.get("format") == FORMAT
 
 
 def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
-    """Read and validate ``folder/manifest.json`` (size capped before parsing)."""
+    """Read and validate ``folder/manifest.json`` (size and nesting depth capped
+    before parsing)."""
     path = Path(folder) / MANIFEST
     with open(path, "rb") as file:
         data = file.read(MAX_MANIFEST_BYTES + 1)
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise _fail(f"larger than {MAX_MANIFEST_BYTES} bytes", path, "manifest")
-    try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise _fail(f"not valid JSON ({error}); file seems not fully written?",
-                    path, "manifest") from None
+    raw = load_json(data, path=path, field="manifest", max_bytes=MAX_MANIFEST_BYTES)
     return parse_manifest(raw, path)
 
 
@@ -340,8 +378,14 @@ def check_sizes(folder: Path, manifest: Manifest, size: Callable[[str], int]) ->
             path = folder / shard.file(suffix)
             try:
                 actual = size(shard.file(suffix))
+                if isinstance(folder, Path) and folder.is_dir() and not stat.S_ISREG(
+                    os.stat(path).st_mode
+                ):
+                    raise _fail("not a regular file", path, f"shards[{i}].name")
             except FileNotFoundError:
                 raise _fail("file is missing", path, f"shards[{i}].files") from None
+            except OSError as error:
+                raise _fail(f"cannot be read ({error})", path, f"shards[{i}].files") from None
             if actual != recorded:
                 raise _fail(f"manifest says {recorded} bytes, file has {actual}; "
                             "truncated or not fully written?", path, f"files.{suffix}.bytes")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import numpy.typing as npt
 from numba import typed
@@ -189,7 +190,9 @@ class Dataset:
         ``problem`` (a message, or None when the table is sound; errors name
         ``field``)."""
         with self._lock:
-            tables = typed.List()
+            tables = typed.List() if self._manifest.shards else typed.List.empty_list(
+                numba.typeof(np.empty(0, dtype))  # no shards: still a typed list
+            )
             for i, shard in enumerate(self._manifest.shards):
                 raw = self._storage.map(shard.file(kind))
                 if raw.shape[0] % dtype.itemsize:

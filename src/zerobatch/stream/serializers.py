@@ -13,13 +13,16 @@ from __future__ import annotations
 import io
 import itertools
 import json
+import math
 import pickle
 from typing import Any, Protocol
 
 import msgpack
 import numpy as np
 
-__all__ = ["BUILTIN", "Serializer", "get_serializer", "loads_many", "serializer_name"]
+__all__ = [
+    "BUILTIN", "Serializer", "get_serializer", "loads_many", "npy_loads", "serializer_name",
+]
 
 
 class Serializer(Protocol):
@@ -73,7 +76,32 @@ class _Numpy:
         return out.getvalue()
 
     def loads(self, data: bytes | memoryview) -> Any:
-        return np.load(io.BytesIO(data), allow_pickle=False)
+        return npy_loads(data)
+
+
+def npy_loads(data: bytes | memoryview) -> np.ndarray:
+    """The array in ``.npy`` bytes ``data``, never allocating more than ``data``
+    holds: the header is parsed first (NumPy's own parser, header size capped)
+    and ``shape * itemsize`` must equal the bytes after it. No pickles, no
+    structured or object dtypes. ValueError for anything else."""
+    view = memoryview(data).cast("B")
+    stream = io.BytesIO(view)
+    version = np.lib.format.read_magic(stream)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+    elif version in ((2, 0), (3, 0)):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+    else:
+        raise ValueError(f"unsupported .npy version {version}")
+    if dtype.hasobject or dtype.names is not None or dtype.shape != ():
+        raise ValueError(f"unsupported .npy dtype {dtype}")
+    start = stream.tell()
+    count = math.prod(shape)
+    if count * dtype.itemsize != view.nbytes - start:
+        raise ValueError(f"header declares shape {shape} of {dtype} ({count * dtype.itemsize} "
+                         f"bytes), the entry holds {view.nbytes - start}")
+    flat = np.frombuffer(view, dtype=dtype, count=count, offset=start)
+    return flat.reshape(shape, order="F" if fortran else "C").copy(order="K")
 
 
 class _Pickle:
