@@ -8,8 +8,11 @@
    synchronous download, ``np.load``, reshape, ``device_put``; with its
    ``dp`` bug fixed so it runs) against ``zerobatch.jax.ShardDataset``
    (range reads of this step's rows, read ahead and placed in a background
-   thread). Reported: the total time the consumer waited for data, the wait
-   at the first call, and the stalls after it (waits over 1 ms).
+   thread). Reported, in ms: the total time the consumer waited for data;
+   the first call (building the loader included); the steps that switch to
+   a new shard; every other step (for seed 003 these include slicing the
+   shard's device arrays per step); and, after the first call, how many
+   waits exceeded 1 ms and the longest.
 
     python benchmarks/jax_input.py [--shards 4] [--shard-tokens 2_000_000]
         [--latency 0.02] [--bandwidth 100e6] [--step-ms 10]
@@ -107,13 +110,15 @@ def consume(make: Callable[[], Any], steps: int, step_s: float) -> list[float]:
     return waits
 
 
-def report(name: str, waits: list[float]) -> None:
+def report(name: str, waits: list[float], switches: set[int]) -> None:
+    """One row: total wait, first call, the steps that switch shards after the
+    first, the others, stalls (waits over 1 ms) after the first call, the longest."""
     after = waits[1:]
+    at_switch = sum(w for i, w in enumerate(waits) if i in switches)
+    other = sum(after) - at_switch
     stalls = [w for w in after if w > 1e-3]
-    if os.environ.get("JAX_INPUT_DEBUG"):
-        print([(i + 1, round(w * 1e3, 1)) for i, w in enumerate(after) if w > 1e-3])
-    print(f"{name:<28} {sum(waits) * 1e3:9.1f} {waits[0] * 1e3:9.1f} {sum(after) * 1e3:9.1f} "
-          f"{len(stalls):7d} {max(after) * 1e3:8.1f}")
+    print(f"{name:<26} {sum(waits) * 1e3:8.1f} {waits[0] * 1e3:8.1f} {at_switch * 1e3:9.1f} "
+          f"{other * 1e3:8.1f} {len(stalls):7d} {max(after) * 1e3:7.1f}")
 
 
 def main() -> None:
@@ -123,7 +128,7 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=0.02, help="seconds per request")
     parser.add_argument("--bandwidth", type=float, default=100e6, help="bytes/s per response")
     parser.add_argument("--step-ms", type=float, default=10.0)
-    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--prefetch", type=int, default=8)
     args = parser.parse_args()
 
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -157,14 +162,21 @@ def main() -> None:
               f"windows of {T} tokens ({rows * T * 2 / 1e3:.0f} kB); {steps} steps; consumer "
               f"{args.step_ms:.0f} ms/step; proxy latency {args.latency * 1e3:.0f} ms, "
               f"{args.bandwidth / 1e6:.0f} MB/s per response")
-        print(f"{'':<28} {'wait ms':>9} {'first':>9} {'after':>9} {'stalls':>7} {'max ms':>8}")
+        print(f"{'':<26} {'wait ms':>8} {'first':>8} {'switches':>9} {'other':>8} "
+              f"{'stalls':>7} {'max ms':>7}")
+        per_shard = (args.shard_tokens - 1) // (rows * T)
+        seed_switches = {i for i in range(1, steps) if i % per_shard == 0}
+        ours = {i for i in range(1, steps)
+                if (i * rows * T) // args.shard_tokens
+                != ((i + 1) * rows * T) // args.shard_tokens}
         step_s = args.step_ms / 1e3
         report("seed 003 (whole shards)", consume(
-            lambda: SeedLoader(f"{root}/train", names, options, partition), steps, step_s))
+            lambda: SeedLoader(f"{root}/train", names, options, partition), steps, step_s),
+            seed_switches)
         report(f"ShardDataset prefetch={args.prefetch}", consume(
             lambda: ShardDataset(root, "train", T, BATCH, MICRO, DP, 1, partition,
                                  prefetch=args.prefetch, storage_options=options),
-            steps, step_s))
+            steps, step_s), ours)
     finally:
         server_process.kill()
         server_process.wait()

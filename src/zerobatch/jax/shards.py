@@ -93,7 +93,7 @@ class DataConfig:
     micro_batch_size: int = 1
     shuffle: bool = False
     seed: int = 0
-    prefetch: int = 2
+    prefetch: int = 4
     dtype: str = "int32"
     storage_options: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -134,7 +134,9 @@ class ShardDataset:
             batch_size // microbatch, T)`` arrays, e.g. ``P(None, "pp", "dp",
             "tp")``; None puts whole arrays on the default device (one process).
         shuffle, seed: a global shuffle per epoch, from ``(seed, epoch)``.
-        prefetch: calls read and placed ahead (0: read when called).
+        prefetch: calls read and placed ahead (0: read when called). From object
+            storage, ``prefetch * step time`` should exceed a few request
+            latencies (``benchmarks/jax_input.py``: 8 at 10 ms steps, 20 ms latency).
         dtype: ``"int32"`` (JAX's default integer) or ``"int64"``.
         storage_options: for ``zerobatch.storage.open_storage`` (object-store
             credentials, endpoint, retries); reads that still fail after the
@@ -144,7 +146,7 @@ class ShardDataset:
     def __init__(
         self, bucket_name: str | os.PathLike[str], id: str, T: int, batch_size: int,
         microbatch: int, dp: int = 1, pp: int = 1, partition: Any = None, *, tp: int = 1,
-        shuffle: bool = False, seed: int = 0, prefetch: int = 2, dtype: str = "int32",
+        shuffle: bool = False, seed: int = 0, prefetch: int = 4, dtype: str = "int32",
         storage_options: dict[str, Any] | None = None,
     ) -> None:
         self._step_shape = check_layout(batch_size=batch_size, microbatch=microbatch,
