@@ -73,3 +73,22 @@ def test_errors(s3: Any, s3_proxy: Any, bucket: tuple[Path, str]) -> None:
         ShardDataset(url, "val", T, 2, 1,
                      storage_options=s3.storage_options(s3_proxy.endpoint, retries=2,
                                                         budget=1.0))
+
+
+def test_failed_read_keeps_the_position(s3: Any, s3_proxy: Any, bucket: tuple[Path, str]) -> None:
+    folder, url = bucket
+    expected = _calls(folder, None)
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("pp", "dp", "tp"))
+    partition = NamedSharding(mesh, P(None, "pp", "dp", "tp"))
+    options = s3.storage_options(s3_proxy.endpoint, retries=1, budget=1.0)
+    with ShardDataset(url, "train", T, 4, 2, 2, 2, partition, tp=2, prefetch=0,
+                      storage_options=options) as ds:
+        got = [np.asarray(a) for a in ds(2)]
+        with s3_proxy.faults(rate=1.0, kinds=("503",)), pytest.raises(StorageError):
+            ds(2)
+        state = ds.state_dict()
+        assert state["consumed"] == 16
+        for _ in range(11):
+            got += [np.asarray(a) for a in ds(2)]
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a, b)

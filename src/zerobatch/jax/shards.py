@@ -232,12 +232,17 @@ class ShardDataset:
         else:
             self._drop_ahead()
             future = self._pool.submit(self._fetch, *key)
+        self._fill_ahead(step, (epoch, consumed + step * self._rows))
+        try:
+            arrays = future.result()
+        except BaseException:
+            self._drop_ahead()  # the position stays: the next call retries these rows
+            raise
         if epoch != self._epoch:
             _log(f"{self.id}: epoch {epoch}")
         self._epoch, self._consumed = epoch, consumed + step * self._rows
         self._note_file(consumed)
-        self._fill_ahead(step)
-        return future.result()
+        return arrays
 
     def _note_file(self, consumed: int) -> None:
         if self._shuffle:
@@ -247,8 +252,10 @@ class ShardDataset:
             self._file = file
             _log(f"{self.id}: reading shard {self._tokens.names[file]}")
 
-    def _fill_ahead(self, step: int) -> None:
-        epoch, consumed = self._epoch, self._consumed
+    def _fill_ahead(self, step: int, position: tuple[int, int]) -> None:
+        """Read up to ``prefetch`` calls of ``step`` ahead, from ``position``
+        (epoch, consumed) where the queue is empty."""
+        epoch, consumed = position
         if self._ahead:
             epoch, consumed = self._ahead[-1][0][:2]
             consumed += step * self._rows
