@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from zerobatch import FormatError
+from zerobatch.cli import main
 from zerobatch.convert import ByteEncoder, convert, map_spans
 from zerobatch.convert.encoders import HFEncoder
 from zerobatch.stream import open_dataset
@@ -286,3 +287,18 @@ def test_hf_save_to_disk_folder(tmp_path: Path) -> None:
     tokens, meta = _documents(tmp_path / "out")
     assert tokens == [[*t.encode(), 256] for t in TEXTS]
     assert [m[0][2] for m in meta] == [{"k": i} for i in range(len(TEXTS))]
+
+
+def test_identical_on_a_dask_cluster(tmp_path: Path, tokenizer_file: Path) -> None:
+    distributed = pytest.importorskip("distributed")
+    inputs = _corpus(tmp_path / "c", files=3)
+    convert(inputs, tmp_path / "local", tokenizer=tokenizer_file, spans_field="spans",
+            task_bytes=2000, workers=1, quiet=True)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  host="127.0.0.1", dashboard_address=None) as cluster:
+        address = cluster.scheduler_address.removeprefix("tcp://")
+        assert main(["convert", *map(str, inputs), "-o", str(tmp_path / "dask"), "--tokenizer",
+                     str(tokenizer_file), "--spans-field", "spans", "--task-mb",
+                     str(2000 / 2**20), "--executor", f"dask://{address}", "--quiet"]) == 0
+    assert len(list((tmp_path / "dask").iterdir())) > 10
+    assert _files(tmp_path / "local") == _files(tmp_path / "dask")

@@ -1,11 +1,22 @@
-"""The ``zerobatch`` command: inspect, verify and benchmark datasets and files."""
+"""The ``zerobatch`` command: convert texts into datasets; inspect, verify and
+benchmark datasets and files.
+
+examples:
+  zerobatch convert corpus/*.jsonl.zst -o data --tokenizer tokenizer.json
+  zerobatch inspect data --plot data.png
+  zerobatch verify data
+  zerobatch bench data --seq-len 2048
+"""
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from zerobatch.errors import FormatError
 
@@ -30,32 +41,134 @@ def _inspect(path: Path) -> str:
     )
 
 
+@contextmanager
+def _executor(spec: str | None) -> Iterator[cf.Executor | None]:
+    """None (the default process pool), or a Dask cluster's executor for
+    ``dask://HOST:PORT``."""
+    if spec is None:
+        yield None
+        return
+    if not spec.startswith("dask://"):
+        raise ValueError(f"--executor must be dask://HOST:PORT, got {spec!r}")
+    try:
+        from distributed import Client
+    except ImportError:
+        raise ValueError("--executor dask://... needs the dask extra: "
+                         "pip install 'zerobatch[dask]'") from None
+    address = "tcp://" + spec.removeprefix("dask://")
+    try:
+        client = Client(address, timeout=10)
+    except OSError as error:
+        raise OSError(f"cannot reach the Dask scheduler at {address} ({error})") from None
+    with client:
+        yield client.get_executor()
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from zerobatch.convert import convert
+
+    with _executor(args.executor) as executor:
+        convert(args.inputs, args.output, tokenizer=args.tokenizer, text_field=args.text_field,
+                metadata_fields=args.metadata_field, spans_field=args.spans_field,
+                append_eos=not args.no_eos, eos=args.eos, format=args.format,
+                seq_len=args.seq_len, batch_size=args.batch_size, seed=args.seed,
+                workers=args.workers, executor=executor, skip_bad=args.skip_bad,
+                task_bytes=int(args.task_mb * 2**20), quiet=args.quiet)
+
+
+def _eos(text: str) -> int | str:
+    return int(text) if text.isdigit() else text
+
+
+def _command(commands: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:
+    return commands.add_parser(name, help=summary, description=f"{summary}\n\nexample:\n  "
+                               f"{example}", formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerobatch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="zerobatch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    inspect = commands.add_parser("inspect", help="print a file's header and derived sizes")
+    convert = _command(
+        commands, "convert", "tokenize JSONL, Parquet, Arrow or text files into a dataset",
+        "zerobatch convert 'corpus/*.jsonl.gz' -o data --tokenizer tokenizer.json "
+        "--metadata-field url --workers 8")
+    convert.add_argument("inputs", nargs="+", help="files, globs or folders")
+    convert.add_argument("-o", "--output", required=True, type=Path,
+                         help="the dataset folder (or .batch file with --format batch)")
+    convert.add_argument("--tokenizer", required=True,
+                         help="a tokenizers JSON file, a folder holding tokenizer.json, "
+                              "or 'bytes'")
+    convert.add_argument("--text-field", default="text")
+    convert.add_argument("--metadata-field", action="append", default=[],
+                         help="a field stored as document metadata (repeatable)")
+    convert.add_argument("--spans-field", help="a field of [{start, end, value}] "
+                                               "character annotations")
+    convert.add_argument("--no-eos", action="store_true", help="do not append an EOS token")
+    convert.add_argument("--eos", type=_eos, help="the EOS id or token (default: found)")
+    convert.add_argument("--format", choices=("stream", "batch"), default="stream")
+    convert.add_argument("--seq-len", type=int, help="record length for --format batch")
+    convert.add_argument("--batch-size", type=int, help="batch size for --format batch")
+    convert.add_argument("--seed", type=int, default=0, help="shuffle seed for --format batch")
+    convert.add_argument("--workers", type=int, help="worker processes (default: all cores)")
+    convert.add_argument("--executor", help="dask://HOST:PORT: run tasks on a Dask cluster")
+    convert.add_argument("--skip-bad", action="store_true",
+                         help="count and skip bad records instead of stopping")
+    convert.add_argument("--task-mb", type=float, default=64.0,
+                         help="input megabytes per task (default 64)")
+    convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    inspect = _command(commands, "inspect", "print a file's header and derived sizes",
+                       "zerobatch inspect data --plot data.png")
     inspect.add_argument("path", type=Path)
-    verify = commands.add_parser("verify", help="check a dataset's checksums and structure")
+    inspect.add_argument("--plot", type=Path, metavar="FILE.png",
+                         help="also write document-length and token-frequency plots")
+    verify = _command(commands, "verify", "check a dataset's checksums and structure",
+                      "zerobatch verify data")
     verify.add_argument("path", type=Path)
+    bench = _command(commands, "bench", "time shuffled window reads against the memory-copy "
+                     "limit", "zerobatch bench data --seq-len 2048 --batch-size 16")
+    bench.add_argument("path", type=Path)
+    bench.add_argument("--seq-len", type=int, default=2048)
+    bench.add_argument("--batch-size", type=int, default=16)
+    bench.add_argument("--seconds", type=float, default=2.0)
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "convert":
+        _convert(args)
+    elif args.command == "inspect":
+        print(_inspect(args.path))
+        if args.plot is not None:
+            from zerobatch.tools import distributions, plot
+
+            plot(distributions(args.path), args.plot, title=str(args.path))
+            print(f"wrote {args.plot}")
+    elif args.command == "verify":
+        from zerobatch import stream
+
+        problems = stream.verify(args.path)
+        print(stream.format_problems(args.path, problems))
+        return 1 if problems else 0
+    elif args.command == "bench":
+        from zerobatch.tools import bench
+
+        print(bench(args.path, seq_len=args.seq_len, batch_size=args.batch_size,
+                    seconds=args.seconds).table())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit status."""
     args = _build_parser().parse_args(argv)
     try:
-        if args.command == "inspect":
-            print(_inspect(args.path))
-        elif args.command == "verify":
-            from zerobatch import stream
-
-            problems = stream.verify(args.path)
-            print(stream.format_problems(args.path, problems))
-            return 1 if problems else 0
-    except (FormatError, OSError) as error:
+        return _run(args)
+    except (FormatError, OSError, ValueError, TypeError) as error:
         print(f"zerobatch {args.command}: {error}", file=sys.stderr)
         return 1
-    return 0
+    except KeyboardInterrupt:
+        print(f"zerobatch {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,0 +1,98 @@
+"""``zerobatch convert``, ``inspect --plot``, ``bench`` and errors from the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from zerobatch.cli import main
+from zerobatch.stream import open_dataset
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("cli")
+    rows = [{"text": f"document {i} " + "word " * (i % 50 + 1), "url": f"u{i}"}
+            for i in range(300)]
+    (folder / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["convert", str(folder / "in.jsonl"), "-o", str(folder / "ds"),
+                 "--tokenizer", "bytes", "--metadata-field", "url", "--workers", "1",
+                 "--quiet"]) == 0
+    return folder / "ds"
+
+
+def test_convert_writes_the_dataset(dataset: Path) -> None:
+    with open_dataset(dataset) as ds:
+        assert ds.num_documents == 300
+        docs = ds.documents().read([7])
+        text = "document 7 " + "word " * 8
+        assert docs["input_ids"][0].tolist() == [*text.encode(), 256]
+        assert docs["metadata"][0].tolist() == [(0, len(text) + 1, {"url": "u7"})]
+
+
+def test_inspect_plot_writes_a_png(
+    dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(dataset), "--plot", str(tmp_path / "d.png")]) == 0
+    assert "token-stream dataset" in capsys.readouterr().out
+    from PIL import Image
+
+    data = (tmp_path / "d.png").read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    with Image.open(tmp_path / "d.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size == (1100, 400)
+
+
+def test_bench_prints_the_ratio(dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", str(dataset), "--seq-len", "64", "--batch-size", "4",
+                 "--seconds", "0.05"]) == 0
+    out = capsys.readouterr().out
+    ratio = float(out.split("ratio")[1].split()[0])
+    assert ratio > 0 and "memory-copy limit" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["convert", "missing.jsonl", "-o", "x", "--tokenizer", "bytes"], "does not exist"),
+    (["convert", "{src}", "-o", "x", "--tokenizer", "nope.json"], "no tokenizer file"),
+    (["convert", "{src}", "-o", "x", "--tokenizer", "bytes", "--executor", "ray://a"],
+     "--executor must be dask"),
+    (["inspect", "{src}", "--plot", "p.png"], "not a file zerobatch knows"),
+    (["bench", "{src}"], "bench needs a token-stream dataset"),
+    (["bench", "{ds}", "--seq-len", "100000"], "fewer than batch_size"),
+])
+def test_user_mistakes_exit_with_one_line(
+    dataset: Path, tmp_path: Path, argv: list[str], message: str,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "in.txt"
+    src.write_text("hello")
+    assert main([a.format(src=src, ds=dataset) for a in argv]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_a_bad_input_line_in_a_real_process(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n{"text": \n')
+    done = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", "in.jsonl", "-o",
+                           "out", "--tokenizer", "bytes", "--workers", "1"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "zerobatch convert: in.jsonl: field 'line 2': malformed JSON")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_help_has_an_example_per_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("convert", "inspect", "verify", "bench"):
+        with pytest.raises(SystemExit) as exit_:
+            main([command, "--help"])
+        assert exit_.value.code == 0
+        assert f"example:\n  zerobatch {command} " in capsys.readouterr().out
