@@ -164,8 +164,12 @@ def _shard_path(folder: Path, entry: Any, position: int, manifest: Path) -> Path
 def _load_manifest(folder: Path) -> tuple[dict[str, Any], list[Path]]:
     """Parse and check a shard manifest; returns it and the shard paths in order."""
     path = folder / MANIFEST_NAME
-    with open(path, "rb") as file:
-        raw = file.read(_MAX_MANIFEST_BYTES + 1)
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(_MAX_MANIFEST_BYTES + 1)
+    except OSError as error:
+        raise FormatError(f"cannot be read ({error.strerror}): not a batch shard folder, or "
+                          "not fully written", path=path, field="manifest") from None
     manifest = load_json(raw, path=path, field="manifest", max_bytes=_MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise FormatError(f"expected format {MANIFEST_FORMAT!r}", path=path, field="format")

@@ -112,7 +112,7 @@ def decode(frames: Sequence[Any]) -> tuple[BatchMeta, dict[str, Column]]:
     """
     if len(frames) < 1:
         raise FormatError("no frames; expected a header and one frame per field", path="frame 0")
-    header = unpack(frames[0], where="frame 0")
+    header = unpack(frames[0], where="frame 0", field="header")
     fmt = expect(header, "format", str, where="frame 0", field="format")
     version = expect(header, "version", int, where="frame 0", field="version")
     if fmt != FORMAT or version != VERSION:
@@ -121,7 +121,9 @@ def decode(frames: Sequence[Any]) -> tuple[BatchMeta, dict[str, Column]]:
             path="frame 0",
             field="format",
         )
-    meta = BatchMeta.from_wire(expect(header, "meta", dict, where="frame 0"), where="frame 0")
+    meta = BatchMeta.from_wire(
+        expect(header, "meta", dict, where="frame 0", field="meta"), where="frame 0"
+    )
     layout = expect(header, "columns", list, where="frame 0", field="columns")
     schema = meta.field_schema
     if len(layout) != len(schema):

@@ -470,7 +470,7 @@ class BatchMeta:
     @classmethod
     def from_bytes(cls, buffer: Any) -> BatchMeta:
         """Inverse of :meth:`to_bytes`; FormatError for anything malformed."""
-        return cls.from_wire(unpack(buffer, where="meta"), where="meta")
+        return cls.from_wire(unpack(buffer, where="meta", field="meta"), where="meta")
 
 
 def _field_from_wire(entry: Any, rows: int, *, where: str) -> tuple[str, FieldSchema]:

@@ -354,8 +354,14 @@ def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
     """Read and validate ``folder/manifest.json`` (size and nesting depth capped
     before parsing)."""
     path = Path(folder) / MANIFEST
-    with open(path, "rb") as file:
-        data = file.read(MAX_MANIFEST_BYTES + 1)
+    try:
+        with open(path, "rb") as file:
+            data = file.read(MAX_MANIFEST_BYTES + 1)
+    except OSError as error:
+        if not path.parent.is_dir():
+            raise
+        raise _fail(f"cannot be read ({error.strerror}): not a token-stream dataset, or "
+                    "not fully written", path, "manifest") from None
     raw = load_json(data, path=path, field="manifest", max_bytes=MAX_MANIFEST_BYTES)
     return parse_manifest(raw, path)
 

@@ -63,7 +63,7 @@ def _parse_header(prefix: bytes, size: int, name: str) -> tuple[np.dtype, int, i
             shape, _, dtype = fmt.read_array_header_2_0(stream, max_header_size=MAX_HEADER)
         else:
             raise ValueError(f"unsupported format version {version}")
-    except (ValueError, SyntaxError, EOFError) as error:
+    except Exception as error:  # NumPy's header parser raises several types
         raise FormatError(f"not a readable .npy header ({error}); truncated or not a "
                           ".npy file?", path=name, field="header") from error
     offset = stream.tell()

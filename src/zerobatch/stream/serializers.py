@@ -86,13 +86,17 @@ def npy_loads(data: bytes | memoryview) -> np.ndarray:
     structured or object dtypes. ValueError for anything else."""
     view = memoryview(data).cast("B")
     stream = io.BytesIO(view)
-    version = np.lib.format.read_magic(stream)
-    if version == (1, 0):
-        shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
-    elif version in ((2, 0), (3, 0)):
-        shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
-    else:
-        raise ValueError(f"unsupported .npy version {version}")
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except Exception as error:  # NumPy's header parser raises several types
+        raise ValueError(f"not a readable .npy header ({type(error).__name__}: {error})") \
+            from None
     if dtype.hasobject or dtype.names is not None or dtype.shape != ():
         raise ValueError(f"unsupported .npy dtype {dtype}")
     start = stream.tell()

@@ -48,9 +48,9 @@ class Problem:
 
 def _digest(path: Path) -> str:
     hasher = xxhash.xxh3_64()
-    buffer = bytearray(_CHUNK)
-    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as file:
+        buffer = bytearray(max(1, min(_CHUNK, os.fstat(file.fileno()).st_size)))
+        view = memoryview(buffer)
         while got := file.readinto(buffer):
             hasher.update(view[:got])
     return hasher.hexdigest()

@@ -1,0 +1,745 @@
+"""One fuzz driver for every zerobatch reader: mutated inputs must read or raise
+``FormatError`` naming the file (or frame) and the field, within a small
+multiple of their size in memory, without crashing or hanging.
+
+Each reader is a ``Target`` in ``TARGETS``: a name, its valid seed inputs (a
+mapping of file name to bytes; frames are named ``frame0``, ``frame1``, ...)
+and a read function that takes a folder holding those files (or the mapping
+itself, for in-memory readers). Register another reader with ``register``.
+
+Inputs are structure-aware mutations of the seeds (boundary integers at every
+4- and 8-byte position of headers and offset tables, truncation at every
+boundary, swapped, renamed, dropped and duplicated files, JSON and msgpack
+headers edited field by field), then random ones (bit flips, byte writes,
+splices, inserts, deletes). They run in forked children, many per child: a
+child reports after each input, so a crash (the child dies), a hang (no report
+within ``--timeout`` seconds) or an allocation over budget (``RLIMIT_AS`` set to
+the child's current size plus the budget; peak RSS growth checked too) is
+attributed to one input, which is kept as a repro under ``--out``.
+
+Outcomes per input: ``ok`` (read fine), ``format_error``, ``unnamed`` (a
+FormatError without a file or field), ``escape`` (any other exception),
+``false_pass`` (``verify`` found nothing but the read failed), ``crash``,
+``hang``, ``alloc``.
+
+Run::
+
+    python benchmarks/fuzz.py --seconds 600 --out fuzz-out
+    python benchmarks/fuzz.py --targets stream,frames --inputs 100000
+    python benchmarks/fuzz.py --engine atheris --targets frames   # coverage-guided
+
+``--engine atheris`` (``pip install atheris``) drives one target in process
+with libFuzzer, these mutators as its custom mutator, and libFuzzer's own
+crash, timeout and ``-malloc_limit_mb`` checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import faulthandler
+import hashlib
+import io
+import json
+import os
+import random
+import resource
+import select
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from zerobatch.errors import FormatError
+
+Files = dict[str, bytes]
+OUTCOMES = ("ok", "format_error", "unnamed", "escape", "false_pass", "crash", "hang", "alloc")
+MIN_BUDGET = 512 << 20  # address space a child may add per input, at least (bytes)
+RSS_FACTOR = 64  # and at most this many times the input's size of resident memory...
+MIN_RSS = 96 << 20  # ...or this much, whichever is larger
+
+
+@dataclass(frozen=True)
+class Target:
+    """A reader under test: ``read(folder, files)`` reads the input (written
+    into ``folder`` when ``on_disk``) and raises on anything wrong."""
+
+    name: str
+    seeds: Callable[[], list[Files]]
+    read: Callable[[Path, Files], None]
+    on_disk: bool = True
+
+
+TARGETS: dict[str, Target] = {}
+
+
+def register(target: Target) -> Target:
+    """Add a reader to ``TARGETS`` (replaces one of the same name)."""
+    TARGETS[target.name] = target
+    return target
+
+
+class FalsePass(Exception):
+    """``verify`` found no problem in a dataset whose read failed."""
+
+
+# ----------------------------------------------------------------- seeds and readers
+
+
+def _folder_files(folder: Path) -> Files:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _stream_seeds() -> list[Files]:
+    from zerobatch.stream import StreamWriter
+
+    rng = np.random.default_rng(0)
+    seeds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, (metadata, fields, shard_tokens) in enumerate([
+            ("msgpack", {"mask": "u1"}, 40), (None, None, 30), ("json", None, 1000),
+            ("numpy", {"w": "<f4"}, 50),
+        ]):
+            folder = Path(tmp) / str(k)
+            with StreamWriter(folder, metadata=metadata, fields=fields,
+                              shard_tokens=shard_tokens, token_dtype="<u4" if k % 2 else "<u2",
+                              tokenizer={"name": "t", "vocab_size": 50000}) as writer:
+                for d in range(6):
+                    n = int(rng.integers(1, 25))
+                    value = np.arange(3, dtype="<i4") if metadata == "numpy" else {"d": d}
+                    writer.add_document(
+                        rng.integers(0, 50000, n),
+                        spans=[(0, max(1, n // 2), value)] if metadata else None,
+                        fields={name: np.ones(n, dt) for name, dt in (fields or {}).items()},
+                    )
+            seeds.append(_folder_files(folder))
+    return seeds
+
+
+def _read_stream(folder: Path, files: Files) -> None:
+    from zerobatch import stream
+
+    manifest = files.get("manifest.json", b"")
+    metadata = "numpy" if b'"numpy"' in manifest else None
+    try:
+        ds = stream.open_dataset(folder, metadata=metadata)
+        windows = ds.windows(4)
+        for batch in (windows.read(np.arange(len(windows))),
+                      ds.documents().read(np.arange(ds.num_documents))):
+            if "metadata" in batch:
+                for spans in batch["metadata"]:
+                    list(spans)
+    except FormatError as error:
+        if not stream.verify(folder, metadata=metadata):
+            raise FalsePass(str(error)) from error
+        raise
+    stream.verify(folder, metadata=metadata)
+
+
+def _batch_seeds() -> list[Files]:
+    from zerobatch.batch_writer import write_batch_dataset, write_batch_file
+
+    tokens = np.arange(60 * 8, dtype=np.uint32).reshape(60, 8)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_batch_file(Path(tmp) / "a.batch", tokens, 4, 8, 3)
+        write_batch_file(Path(tmp) / "b.batch", tokens[:7].astype(np.uint16), 2, 8, 1,
+                         dtype="uint16")
+        single = [{"data.batch": (Path(tmp) / n).read_bytes()} for n in ("a.batch", "b.batch")]
+        write_batch_dataset(Path(tmp) / "s", iter(tokens), 60, 4, 8, 3, batches_per_shard=5)
+        return [*single, _folder_files(Path(tmp) / "s")]
+
+
+def _read_batch(folder: Path, files: Files) -> None:
+    from zerobatch.batch_loader import BatchFileReader, is_batch_file
+
+    path = folder if "manifest.json" in files else folder / next(iter(files), "data.batch")
+    is_batch_file(path)
+    with BatchFileReader(path) as reader:
+        for i in range(len(reader)):
+            int(np.asarray(reader.read_batch(i), dtype=np.int64).sum())
+
+
+def _columnar_batch() -> Any:
+    from zerobatch.columnar import Batch, Jagged
+
+    return Batch.from_columns({
+        "x": np.arange(12, dtype=np.int32).reshape(3, 4),
+        "j": Jagged(np.arange(5, dtype=np.float32), np.array([0, 2, 2, 5])),
+        "o": ["a", {"k": 1}, None],
+        "m": np.ones((3, 2, 2), dtype=np.uint8),
+    })
+
+
+def _frame_seeds() -> list[Files]:
+    frames = _columnar_batch().to_frames()
+    return [{f"frame{i}": bytes(memoryview(f)) for i, f in enumerate(frames)}]
+
+
+def _frames(files: Files) -> list[bytes]:
+    names = sorted((k for k in files if k.startswith("frame") and k[5:].isdigit()),
+                   key=lambda k: int(k[5:]))
+    return [files[k] for k in names]
+
+
+def _read_frames(folder: Path, files: Files) -> None:
+    from zerobatch.columnar import Batch
+
+    batch = Batch.from_frames(_frames(files))
+    for name in batch.fields:
+        column = batch[name]
+        len(column)
+
+
+def _meta_seeds() -> list[Files]:
+    return [{"meta": _columnar_batch().meta.to_bytes()}]
+
+
+def _read_meta(folder: Path, files: Files) -> None:
+    from zerobatch.columnar import BatchMeta
+
+    meta = BatchMeta.from_bytes(files.get("meta", b""))
+    meta.select(np.arange(len(meta)))
+
+
+def _tensor_seeds(fmt: str) -> Callable[[], list[Files]]:
+    def seeds() -> list[Files]:
+        import zerobatch.tensors as zt
+
+        tensors = {"w": np.arange(12, dtype=np.float32).reshape(3, 4),
+                   "b": np.arange(3, dtype=np.int64), "e": np.zeros((0, 2), np.float16)}
+        return [{"t": zt.save(tensors, {"k": "v"}, format=fmt)},
+                {"t": zt.save({"x": np.zeros(2, np.uint8)}, format=fmt)}]
+    return seeds
+
+
+def _read_tensors(folder: Path, files: Files) -> None:
+    import zerobatch.tensors as zt
+
+    for array in zt.load_file(folder / "t").values():
+        np.asarray(array).sum()
+
+
+def _npy_seeds() -> list[Files]:
+    out = {}
+    for i, n in enumerate((10, 7, 1)):
+        buffer = io.BytesIO()
+        np.save(buffer, np.arange(n, dtype="<u2"))
+        out[f"{i:05d}.npy"] = buffer.getvalue()
+    return [out]
+
+
+def _read_npy(folder: Path, files: Files) -> None:
+    from zerobatch import stream
+
+    tokens = stream.open_dataset(folder)
+    windows = tokens.windows(3)
+    windows.read(np.arange(len(windows)))
+
+
+for _target in (
+    Target("stream", _stream_seeds, _read_stream),
+    Target("llmbatch", _batch_seeds, _read_batch),
+    Target("frames", _frame_seeds, _read_frames, on_disk=False),
+    Target("batchmeta", _meta_seeds, _read_meta, on_disk=False),
+    Target("safetensors", _tensor_seeds("safetensors"), _read_tensors),
+    Target("bintensors", _tensor_seeds("bintensors"), _read_tensors),
+    Target("npy-folder", _npy_seeds, _read_npy),
+):
+    register(_target)
+
+
+# ----------------------------------------------------------------- mutators
+
+_INTS = (0, 1, 2, 7, 8, 255, 256, 2**15, 2**16 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 1,
+         2**32, 2**53, 2**62, 2**63 - 1, 2**63, 2**64 - 1)
+_HOSTILE: tuple[Any, ...] = (
+    None, True, -1, 0, 1, 2**31, 2**63, 2**64, -(2**63) - 1, 1.5, float("inf"), "", "x" * 300,
+    "a/b", "../x", "a\x00b", ".hidden", "<c8", "<U4", "<M8[s]", "|O", [], {}, [[]], ["<u2"],
+    {"a": 1}, [["token", "<u2"], ["z", "<c16"]], "\u00e9", "custom:",
+)
+
+
+def _kind(name: str) -> str:
+    """What a file is, for the report: its suffix after the shard stem."""
+    if name.startswith("frame"):
+        return "frame0" if name == "frame0" else "frames"
+    if name == "manifest.json":
+        return "manifest"
+    parts = name.split(".", 1)
+    return parts[1] if len(parts) == 2 else name
+
+
+def _walk(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield path
+    if isinstance(value, dict):
+        for key in value:
+            yield from _walk(value[key], (*path, key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _walk(item, (*path, i))
+
+
+def _replace(value: Any, path: tuple[Any, ...], new: Any, *, delete: bool = False) -> Any:
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if isinstance(value, dict):
+        out = dict(value)
+        if delete and not rest:
+            out.pop(head, None)
+        else:
+            out[head] = _replace(value[head], rest, new, delete=delete)
+        return out
+    out_list = list(value)
+    if delete and not rest:
+        del out_list[head]
+    else:
+        out_list[head] = _replace(value[head], rest, new, delete=delete)
+    return out_list
+
+
+def _codec(name: str, data: bytes) -> tuple[Any, Callable[[Any], bytes]] | None:
+    """The decoded document of a structured file and how to encode it again."""
+    try:
+        if name.endswith(".json"):
+            return json.loads(data), lambda v: json.dumps(v).encode()
+        if name in ("frame0", "meta"):
+            value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            return value, lambda v: msgpack.packb(v, use_bin_type=True)
+        if name == "t" and data[8:9] == b"{":  # safetensors: u64 length, JSON
+            (length,) = struct.unpack_from("<Q", data)
+            rest = data[8 + length:]
+
+            def encode(v: Any) -> bytes:
+                head = json.dumps(v).encode()
+                head += b" " * (-len(head) % 8)
+                return struct.pack("<Q", len(head)) + head + rest
+            return json.loads(data[8 : 8 + length]), encode
+    except (ValueError, struct.error, msgpack.ExtraData):
+        return None
+    return None
+
+
+def _fit(value: Any) -> Any:
+    return value if not isinstance(value, str) else value.encode("utf-8", "surrogatepass")
+
+
+def _structured_file(seed: Files, name: str) -> Iterator[tuple[str, Files]]:
+    """Every structure-aware mutation of file ``name`` of ``seed``."""
+    data = seed[name]
+    decoded = _codec(name, data)
+    if decoded is not None:  # JSON and msgpack documents, edited field by field
+        document, encode = decoded
+        for path in _walk(document):
+            for new in _HOSTILE:
+                with contextlib.suppress(TypeError, ValueError, OverflowError):
+                    yield f"{name}:edit", {**seed, name: encode(_replace(document, path, new))}
+            if path:
+                with contextlib.suppress(TypeError, ValueError, OverflowError):
+                    yield f"{name}:drop", {
+                        **seed, name: encode(_replace(document, path, None, delete=True))}
+        yield f"{name}:deep", {**seed, name: b"[" * 100_000 + b"]" * 100_000}
+    # boundary integers: every 8-byte position of offset tables and of the first
+    # 256 bytes of other files, every 4-byte position of the first 64 bytes
+    table = name.endswith((".docs", ".meta.index"))
+    positions = range(0, len(data) - 7, 8) if table else range(0, min(len(data) - 7, 256), 8)
+    for at in positions:
+        for value in (*_INTS, len(data), len(data) + 1):
+            buffer = bytearray(data)
+            buffer[at : at + 8] = (value % 2**64).to_bytes(8, "little")
+            yield f"{name}:u64", {**seed, name: bytes(buffer)}
+    for at in range(0, min(len(data) - 3, 64), 4):
+        for value in _INTS[:13]:
+            buffer = bytearray(data)
+            buffer[at : at + 4] = (value % 2**32).to_bytes(4, "little")
+            yield f"{name}:u32", {**seed, name: bytes(buffer)}
+    # truncation at every boundary
+    for cut in sorted({*range(min(len(data), 128)), *range(0, len(data), 8), len(data) - 1}):
+        yield f"{name}:truncate", {**seed, name: data[:cut]}
+    yield f"{name}:extend", {**seed, name: data + bytes(8)}
+    yield f"{name}:empty", {**seed, name: b""}
+
+
+def _structured_set(seed: Files) -> Iterator[tuple[str, Files]]:
+    """Swapped, renamed, dropped and duplicated files of a multi-file input."""
+    names = list(seed)
+    if len(names) < 2:
+        return
+    for a in names:
+        yield f"{a}:dropfile", {k: v for k, v in seed.items() if k != a}
+        for b in names:
+            if a < b and _kind(a) == _kind(b):
+                yield f"{a}:swap", {**seed, a: seed[b], b: seed[a]}
+                yield f"{a}:duplicate", {**seed, b: seed[a]}
+        _, dot, suffix = a.partition(".")
+        for other in ("99999", "x" * 300, "gone"):
+            renamed = other + dot + suffix if dot else other
+            yield f"{a}:rename", {**{k: v for k, v in seed.items() if k != a}, renamed: seed[a]}
+
+
+def structured(seed: Files) -> Iterator[tuple[str, Files]]:
+    """Every structure-aware mutation of ``seed``: (label, input), the files'
+    mutations interleaved so any prefix touches every file."""
+    streams = [_structured_file(seed, name) for name in seed] + [_structured_set(seed)]
+    while streams:
+        for stream in list(streams):
+            item = next(stream, None)
+            if item is None:
+                streams.remove(stream)
+            else:
+                yield item
+
+
+def random_mutation(seed: Files, rng: random.Random, pool: list[Files]) -> tuple[str, Files]:
+    """One random mutation of one file of ``seed`` (a few edits at once)."""
+    name = rng.choice(list(seed))
+    data = bytearray(seed[name])
+    for _ in range(rng.choice((1, 1, 2, 3, 8))):
+        op = rng.randrange(6)
+        at = rng.randrange(len(data) + 1)
+        if op == 0 and data:
+            data[min(at, len(data) - 1)] ^= 1 << rng.randrange(8)
+        elif op == 1 and data:
+            data[min(at, len(data) - 1)] = rng.randrange(256)
+        elif op == 2:
+            width = rng.choice((1, 2, 4, 8))
+            value = rng.choice(_INTS) + rng.choice((-1, 0, 0, 1))
+            data[at : at + width] = (value % 2 ** (8 * width)).to_bytes(width, "little")
+        elif op == 3:
+            del data[at : at + rng.randrange(1, 17)]
+        elif op == 4:
+            data[at:at] = rng.randbytes(rng.randrange(1, 17))
+        else:
+            other = rng.choice(pool)
+            source = other.get(name) or rng.choice(list(other.values()))
+            start = rng.randrange(len(source) + 1)
+            data[at:] = source[start : start + rng.randrange(1, 64)] + data[at:]
+    return f"{name}:random", {**seed, name: bytes(data)}
+
+
+def inputs(target: Target, count: int | None, seed: int) -> Iterator[tuple[str, Files]]:
+    """``count`` inputs (None: without end): structured mutations of every seed,
+    interleaved, alternating with random ones; random ones alone once the
+    structured ones are spent."""
+    seeds = target.seeds()
+    rng = random.Random(seed)
+    streams = [structured(base) for base in seeds]
+    made = 0
+    while count is None or made < count:
+        item = None
+        while streams and item is None:
+            stream = streams[made % len(streams)]
+            item = next(stream, None)
+            if item is None:
+                streams.remove(stream)
+        if item is not None and made % 2 == 0:
+            made += 1
+            yield item
+            if count is not None and made >= count:
+                return
+        made += 1
+        yield random_mutation(rng.choice(seeds), rng, seeds)
+
+
+# ----------------------------------------------------------------- running
+
+
+def _size(files: Files) -> int:
+    return sum(len(v) for v in files.values())
+
+
+def _vm_bytes() -> int:
+    with open("/proc/self/statm") as file:
+        return int(file.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _write(folder: Path, files: Files) -> None:
+    for entry in folder.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    for name, data in files.items():
+        with contextlib.suppress(OSError, ValueError):
+            (folder / name).write_bytes(data)
+
+
+def run_one(target: Target, folder: Path, files: Files) -> tuple[str, str]:
+    """Read one input in this process: (outcome, detail)."""
+    if target.on_disk:
+        _write(folder, files)
+    size = _size(files)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = _vm_bytes() + max(MIN_BUDGET, RSS_FACTOR * size)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard < 0 else min(limit, hard), hard))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        target.read(folder, files)
+        outcome, detail = "ok", ""
+    except FalsePass as error:
+        outcome, detail = "false_pass", str(error)[:300]
+    except FormatError as error:
+        named = error.path is not None and error.field is not None
+        outcome, detail = ("format_error" if named else "unnamed"), str(error)[:300]
+    except MemoryError as error:
+        outcome, detail = "alloc", f"MemoryError {error}"[:300]
+    except Exception as error:
+        outcome, detail = "escape", f"{type(error).__name__}: {error}"[:300]
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    if outcome != "alloc" and grown > max(MIN_RSS, RSS_FACTOR * size):
+        outcome, detail = "alloc", f"peak RSS grew {grown >> 20} MiB for {size} input bytes"
+    return outcome, detail.replace("\n", " ").replace("\t", " ")
+
+
+def _child(target: Target, batch: list[tuple[str, Files]], start: int, fd: int) -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    faulthandler.disable()  # a crash is the parent's to report, without a traceback dump
+    folder = Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch()))
+    try:
+        for i in range(start, len(batch)):
+            outcome, detail = run_one(target, folder, batch[i][1])
+            os.write(fd, f"{i}\t{outcome}\t{detail}\n".encode("utf-8", "replace"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _scratch() -> str | None:
+    return "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
+@dataclass
+class Report:
+    """Counts per target and mutated file kind, and where repros were kept."""
+
+    counts: dict[tuple[str, str], Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter))
+    examples: dict[tuple[str, str], str] = field(default_factory=dict)
+    repros: list[Path] = field(default_factory=list)
+
+    def add(self, target: str, label: str, outcome: str) -> None:
+        self.counts[(target, _kind(label.split(":", 1)[0]))][outcome] += 1
+
+    def totals(self) -> dict[str, Counter[str]]:
+        out: dict[str, Counter[str]] = defaultdict(Counter)
+        for (target, _), counts in self.counts.items():
+            out[target].update(counts)
+        return out
+
+    def table(self, *, by_file: bool = True) -> str:
+        rows = [("reader", "file", "inputs", *OUTCOMES)]
+        keys = sorted(self.counts) if by_file else [(t, "all") for t in sorted(self.totals())]
+        totals = self.totals()
+        for key in keys:
+            counts = self.counts[key] if by_file else totals[key[0]]
+            rows.append((*key, str(sum(counts.values())), *(str(counts[o]) for o in OUTCOMES)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True))
+                         for r in rows)
+
+
+def _keep(out: Path | None, report: Report, target: str, label: str, files: Files,
+          outcome: str, detail: str) -> None:
+    signature = (target, f"{outcome}:{detail.split(':', 1)[0][:60]}")
+    report.examples.setdefault(signature, f"{label}: {detail}")
+    if out is None:
+        return
+    digest = hashlib.sha1(b"".join(k.encode() + v for k, v in sorted(files.items()))).hexdigest()
+    folder = out / target / f"{outcome}-{digest[:12]}"
+    if folder.exists() or sum(1 for p in report.repros if p.parent.name == target) >= 200:
+        return
+    (folder / "input").mkdir(parents=True)
+    for name, data in files.items():
+        with contextlib.suppress(OSError, ValueError):
+            (folder / "input" / name).write_bytes(data)
+    (folder / "outcome.txt").write_text(f"{outcome}\n{label}\n{detail}\n")
+    report.repros.append(folder)
+
+
+def run_batch(target: Target, batch: list[tuple[str, Files]], report: Report, *,
+              timeout: float, out: Path | None) -> None:
+    """Run ``batch`` in forked children; a crash or hang is pinned on one input
+    and the rest of the batch goes on in a fresh child."""
+    start = 0
+    while start < len(batch):
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child
+            os.close(read_fd)
+            code = 0
+            try:
+                _child(target, batch, start, write_fd)
+            except BaseException:
+                code = 3
+            os._exit(code)
+        os.close(write_fd)
+        pending = b""
+        current = start
+        status = None
+        with os.fdopen(read_fd, "rb", buffering=0) as pipe:
+            while True:
+                ready, _, _ = select.select([pipe], [], [], timeout)
+                if not ready:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    status = "hang"
+                    break
+                chunk = pipe.read(1 << 16)
+                if not chunk:
+                    _, wait = os.waitpid(pid, 0)
+                    status = None if current >= len(batch) else "crash"
+                    if status == "crash":
+                        code = os.waitstatus_to_exitcode(wait)
+                        crash_detail = f"child exited with {code}"
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    index, outcome, detail = line.decode("utf-8", "replace").split("\t", 2)
+                    i = int(index)
+                    label, files = batch[i]
+                    report.add(target.name, label, outcome)
+                    if outcome not in ("ok", "format_error"):
+                        _keep(out, report, target.name, label, files, outcome, detail)
+                    current = i + 1
+        if status is not None:
+            label, files = batch[current]
+            detail = f"no answer within {timeout} s" if status == "hang" else crash_detail
+            report.add(target.name, label, status)
+            _keep(out, report, target.name, label, files, status, detail)
+            current += 1
+        start = current
+
+
+def warm_up(target: Target) -> None:
+    """Read every seed once in this process (imports, compiled kernels), so forked
+    children start warm; a seed that does not read is a harness bug."""
+    with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
+        for files in target.seeds():
+            if target.on_disk:
+                _write(Path(tmp), files)
+            target.read(Path(tmp), files)
+
+
+def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, seed: int,
+         batch_size: int = 500, timeout: float = 20.0, out: Path | None = None,
+         progress: bool = False) -> tuple[Report, dict[str, float]]:
+    """Fuzz each named target in turn, ``per_target`` inputs or ``seconds`` each
+    (whichever ends first). Returns the report and the seconds each took."""
+    report = Report()
+    elapsed: dict[str, float] = {}
+    for name in names:
+        target = TARGETS[name]
+        warm_up(target)
+        began = time.perf_counter()
+        stream = inputs(target, per_target, seed)
+        while True:
+            batch = [item for _, item in zip(range(batch_size), stream, strict=False)]
+            if not batch:
+                break
+            run_batch(target, batch, report, timeout=timeout, out=out)
+            if progress:
+                done = sum(report.totals()[name].values())
+                print(f"  {name}: {done} inputs, {time.perf_counter() - began:.0f} s",
+                      file=sys.stderr, flush=True)
+            if seconds is not None and time.perf_counter() - began >= seconds:
+                break
+        elapsed[name] = time.perf_counter() - began
+    return report, elapsed
+
+
+# ----------------------------------------------------------------- atheris
+
+
+def _encode_input(files: Files) -> bytes:
+    return msgpack.packb(files, use_bin_type=True)
+
+
+def _decode_input(data: bytes) -> Files | None:
+    try:
+        value = msgpack.unpackb(data, raw=False, strict_map_key=False, max_bin_len=len(data))
+    except Exception:
+        return None
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, bytes) for k, v in value.items()):
+        return None
+    return value
+
+
+def run_atheris(name: str, argv: list[str]) -> None:
+    """Coverage-guided fuzzing of one target with atheris and these mutators."""
+    import atheris
+
+    target = TARGETS[name]
+    seeds = target.seeds()
+    folder = Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch()))
+    rng = random.Random(0)
+
+    def test_one(data: bytes) -> None:
+        files = _decode_input(data) or rng.choice(seeds)
+        outcome, detail = run_one(target, folder, files)
+        if outcome not in ("ok", "format_error"):
+            raise RuntimeError(f"{outcome}: {detail}")
+
+    def mutate(data: bytes, max_size: int, seed_value: int) -> bytes:
+        local = random.Random(seed_value)
+        files = _decode_input(data) or local.choice(seeds)
+        return _encode_input(random_mutation(files, local, seeds)[1])[:max_size]
+
+    atheris.instrument_all()
+    atheris.Setup([sys.argv[0], *argv], test_one, custom_mutator=mutate)
+    atheris.Fuzz()
+
+
+# ----------------------------------------------------------------- command line
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated")
+    parser.add_argument("--inputs", type=int, default=None, help="per target")
+    parser.add_argument("--seconds", type=float, default=None, help="per target")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=500, help="inputs per forked child")
+    parser.add_argument("--timeout", type=float, default=20.0, help="hang limit per input (s)")
+    parser.add_argument("--out", type=Path, default=None, help="keep repros here")
+    parser.add_argument("--engine", choices=("fork", "atheris"), default="fork")
+    args, rest = parser.parse_known_args()
+    names = args.targets.split(",")
+    if args.engine == "atheris":
+        run_atheris(names[0], rest)
+        return
+    if args.inputs is None and args.seconds is None:
+        args.seconds = 30.0
+    load = os.getloadavg()
+    report, elapsed = fuzz(names, per_target=args.inputs, seconds=args.seconds, seed=args.seed,
+                           batch_size=args.batch, timeout=args.timeout, out=args.out,
+                           progress=True)
+    print(f"nproc {os.cpu_count()}, load before {load[0]:.2f} {load[1]:.2f}, after "
+          f"{os.getloadavg()[0]:.2f}")
+    print(report.table(by_file=False))
+    print()
+    print(report.table())
+    for name, seconds in elapsed.items():
+        done = sum(report.totals()[name].values())
+        print(f"{name}: {done} inputs in {seconds:.1f} s ({done / max(seconds, 1e-9):.0f}/s)")
+    for (target, signature), example in sorted(report.examples.items()):
+        print(f"{target} {signature}: {example[:200]}")
+    if args.out is not None:
+        print(f"{len(report.repros)} repros under {args.out}")
+
+
+if __name__ == "__main__":
+    main()
