@@ -191,8 +191,8 @@ class Server:
     """A ROUTER loop that answers each request with ``handler(header, payload)``.
 
     Single-threaded: requests are handled one at a time, in arrival order. A
-    handler raising ``FormatError``, ``ValueError``, ``KeyError``, ``TypeError``
-    or ``IndexError`` makes an error reply carrying its message; the loop goes on.
+    handler raising ``FormatError``, ``ValueError``, ``KeyError``, ``TypeError``,
+    ``IndexError`` or ``OverflowError`` makes an error reply carrying its message; the loop goes on.
     Thread safety: :meth:`serve` runs in one thread; :meth:`stop` may be called
     from any thread.
     """
@@ -267,7 +267,7 @@ class Server:
                 raise FormatError("expected an int", path="header", field="id")
             reply, payload = self._handler(header, [f.buffer for f in message[1:]])
             reply = {"id": request_id, "ok": True, **reply}
-        except (FormatError, ValueError, KeyError, TypeError, IndexError) as exc:
+        except (FormatError, ValueError, KeyError, TypeError, IndexError, OverflowError) as exc:
             text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
             reply, payload = {"id": request_id, "ok": False, "error": str(text)}, ()
         try:

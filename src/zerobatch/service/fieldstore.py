@@ -112,8 +112,14 @@ class _FieldBuffer:
         if self.field.kind == "objects":
             return list(self.data[slots])
         lengths = self.length[slots]
+        starts = self.start[slots]
         offsets = np.zeros(len(slots) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
+        if len(slots) and np.array_equal(starts - offsets[:-1], np.full(len(slots), starts[0])):
+            # Stored back to back (put together, in this order): a view of the arena,
+            # safe to send without a copy since arena rows are never written twice.
+            first = int(starts[0])
+            return Jagged(self.data[first : first + int(offsets[-1])], offsets)
         gather = np.repeat(self.start[slots] - offsets[:-1], lengths)
         gather += np.arange(int(offsets[-1]), dtype=np.int64)
         return Jagged(self.data[gather], offsets)
