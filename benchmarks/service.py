@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from columnar import B, make_columns  # noqa: E402  (the same batch as the codec benchmark)
+from columnar import B, make_columns
 
-from zerobatch.columnar import Batch, BatchMeta  # noqa: E402
-from zerobatch.service import FieldStore, FieldStoreServer  # noqa: E402
+from zerobatch.columnar import Batch, BatchMeta
+from zerobatch.service import FieldStore, FieldStoreServer
 
 SPAWN = multiprocessing.get_context("spawn")
 
