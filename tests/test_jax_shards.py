@@ -133,6 +133,10 @@ def test_config_and_get_datasets(bucket: tuple[Path, dict[str, np.ndarray]],
         assert train()[0].shape == (1, 2, 8, T)
     with pytest.raises(ValueError, match=r"T / seq_len \(8\) must be a multiple of tp \(3\)"):
         get_datasets(cfg, partition, dp=4, tp=3)
+    train, val = ShardDataset.getDataset(cfg, partition, dp=4, tp=2)
+    with train, val:
+        assert len(train) == ((len(streams["train"]) - 1) // T) // 16
+        assert train.tokens_per_step == 16 * T
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -178,6 +178,13 @@ class ShardDataset:
         _log(f"{id}: {len(self._tokens.names)} shards, {self._tokens.num_tokens} tokens, "
              f"{len(self)} steps per epoch")
 
+    @classmethod
+    def getDataset(  # seed 003's name, for drop-in use
+        cls, cfg: DataConfig, partition: Any = None, dp: int = 1, pp: int = 1, tp: int = 1,
+    ) -> tuple[ShardDataset, ShardDataset]:
+        """Seed 003's constructor of the (train, val) pair: ``get_datasets``."""
+        return get_datasets(cfg, partition, dp, pp, tp)
+
     def __len__(self) -> int:
         """Steps (of ``dp * batch_size`` windows) per epoch."""
         return len(self._windows) // self._rows
