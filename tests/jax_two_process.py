@@ -9,6 +9,7 @@ and the windows this process read.
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
@@ -41,6 +42,12 @@ def main() -> None:
     from zerobatch.jax import ShardDataset, check_layout, local_rows, to_global
     from zerobatch.stream.npy import open_npy
 
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("zerobatch.jax")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     assert jax.process_count() == 2 and jax.device_count() == 8
     assert jax.local_device_count() == 4
     mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("pp", "dp", "tp"))
@@ -75,6 +82,7 @@ def main() -> None:
             save(f"ds{call}x", x)
             save(f"ds{call}y", y)
         saved["ds_read"] = np.concatenate(recorder.read_windows)
+    saved["log_records"] = np.array(len(records))
     np.savez(out, **saved)
     jax.distributed.shutdown()
 

@@ -106,3 +106,4 @@ def test_shard_dataset_matches_one_process(
     read = [s["ds_read"] for s in saved]
     assert len(read[0]) == len(read[1]) == 3 * 2 * 8 // 2  # each process half of each call
     assert not set(read[0].tolist()) & set(read[1].tolist())
+    assert saved[0]["log_records"] > 0 and saved[1]["log_records"] == 0  # process 0 logs
