@@ -7,7 +7,11 @@ Measures, in one run, on the same bytes (zerobatch writes byte-identical files):
     PyTorch: zerobatch maps the file and returns views, nothing is read;
   * ``save_file`` of the same 1 GiB to a new path (tensors in memory, file into
     the page cache; dirty pages are synced before each save, untimed);
-  * the limit for writes: ``np.copyto`` of 1 GiB, memory to memory.
+  * ``save_model`` and ``load_model`` (``safetensors.torch`` against
+    ``zerobatch.tensors.torch``) of a torch model with 1 GiB of parameters and
+    a tied head;
+  * the limit for writes: ``np.copyto`` of 1 GiB, memory to memory, and
+    zerobatch's ``save_file`` time over it.
 
 Each figure is the best of several repeats; ratios are reference time divided
 by zerobatch time (above 1: zerobatch is faster). Temporary files go to the
@@ -33,8 +37,10 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 import safetensors.torch
+import torch
 
 import zerobatch.tensors as zt
+import zerobatch.tensors.torch as ztorch
 
 REFERENCES: dict[str, Any] = {"bintensors": bintensors, "safetensors": safetensors}
 NUMPY = {"bintensors": bintensors.numpy, "safetensors": safetensors.numpy}
@@ -94,6 +100,40 @@ def big_tensors(total_bytes: int) -> dict[str, np.ndarray]:
             for i in range(count)}
 
 
+class TiedModel(torch.nn.Module):
+    """``layers`` square linear layers of ``total_bytes`` float32 in all, and a
+    head tied to the first layer's weight (stored once)."""
+
+    def __init__(self, total_bytes: int, layers: int = 8) -> None:
+        super().__init__()
+        width = int((total_bytes / layers / 4) ** 0.5)
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Linear(width, width, bias=False) for _ in range(layers))
+        self.head = torch.nn.Linear(width, width, bias=False)
+        self.head.weight = self.layers[0].weight
+
+
+def models(folder: Path, size: int, label: str, repeats: int
+           ) -> list[tuple[str, str, float, float]]:
+    """save_model to a new path and load_model into the model, both libraries."""
+    model = TiedModel(size)
+    target = folder / "model.safetensors"
+    safetensors.torch.save_model(model, str(target))
+    reference_bytes = target.read_bytes()
+    ztorch.save_model(model, target)
+    assert target.read_bytes() == reference_bytes
+    del reference_bytes
+    rows = [(f"save_model {label} (pt)", "safetensors", *compare(
+        lambda: safetensors.torch.save_model(model, str(target)),
+        lambda: ztorch.save_model(model, target), repeats, settle=fresh_target(target)))]
+    ztorch.save_model(model, target)
+    rows.append((f"load_model {label} (pt)", "safetensors", *compare(
+        lambda: safetensors.torch.load_model(model, str(target)),
+        lambda: ztorch.load_model(model, target), repeats)))
+    target.unlink()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gib", type=float, default=1.0, help="size of the big file (GiB)")
@@ -125,6 +165,9 @@ def main() -> None:
                 args.repeats, settle=fresh_target(target))))
             path.unlink()
             target.unlink()
+        tensors.clear()  # frees the arrays before the model is built
+        gc.collect()
+        rows += models(folder, size, label, args.repeats)
         source = np.ones(size, np.uint8)
         destination = np.empty_like(source)
         copy = min(compare(lambda: np.copyto(destination, source),
@@ -136,6 +179,9 @@ def main() -> None:
     for name, fmt, theirs, ours in rows:
         print(f"{name:32} {fmt:12} {theirs * 1e3:13.2f} {ours * 1e3:13.2f} {theirs / ours:8.1f}")
     print(f"{f'np.copyto {label} (memory bound)':32} {'-':12} {'':13} {copy * 1e3:13.2f}")
+    for name, fmt, _, ours in rows:
+        if name.startswith("save_file"):
+            print(f"{name} {fmt}: zerobatch / np.copyto = {ours / copy:.2f}")
 
 
 if __name__ == "__main__":

@@ -380,3 +380,75 @@ def test_fp4_and_new_dtypes_round_trip_like_safetensors(tmp_path: Path) -> None:
     assert torch.equal(ztorch.load(data)["f4"].view(torch.uint8), packed)
     with pytest.raises(zt.SafetensorError, match="F4"):
         znp.load_file(tmp_path / "f")
+
+
+def spec_pairs(arrays: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The same tensors as zerobatch and safetensors TensorSpecs."""
+    ours, theirs = {}, {}
+    for name, array in arrays.items():
+        kwargs = dict(dtype=str(array.dtype).removeprefix("torch."), shape=list(array.shape),
+                      data_ptr=array.data_ptr() if isinstance(array, torch.Tensor)
+                      else array.ctypes.data, data_len=array.nbytes)
+        ours[name] = zt.TensorSpec(**kwargs)
+        theirs[name] = safetensors.TensorSpec(**kwargs)
+    return ours, theirs
+
+
+def test_serialize_file_streams_specs_like_safetensors(tmp_path: Path) -> None:
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "e": np.zeros((0, 2), np.int8),
+              "f4": torch.randint(0, 256, (2, 3), dtype=torch.uint8).view(torch.float4_e2m1fn_x2),
+              "b": torch.ones(5, dtype=torch.bfloat16)}
+    ours, theirs = spec_pairs(arrays)
+    for name in arrays:
+        assert repr(ours[name]).split("data_ptr")[0] == repr(theirs[name]).split("data_ptr")[0]
+        assert (ours[name].dtype, ours[name].shape, ours[name].data_len) == (
+            theirs[name].dtype, theirs[name].shape, theirs[name].data_len)
+    assert ours["f4"].shape == [2, 6]
+    data = zt.serialize(ours, {"k": "v"})
+    assert data == safetensors.serialize(theirs, {"k": "v"})
+    ztorch.serialize_file(ours, tmp_path / "ours", {"k": "v"})
+    safetensors.serialize_file(theirs, str(tmp_path / "theirs"), {"k": "v"})
+    assert (tmp_path / "ours").read_bytes() == (tmp_path / "theirs").read_bytes() == data
+    ours_items = znp.deserialize(data)
+    assert [name for name, _ in ours_items] == sorted(arrays)  # safetensors: hash order
+    assert dict(ours_items) == dict(safetensors.deserialize(data))
+
+
+def test_serialize_refuses_what_safetensors_refuses(tmp_path: Path) -> None:
+    array = np.arange(6, dtype=np.float32)
+    for kwargs in (dict(dtype="F32", shape=[6], data_ptr=1, data_len=24),
+                   dict(dtype="bogus", shape=[6], data_ptr=1, data_len=24)):
+        with pytest.raises(safetensors.SafetensorError):
+            safetensors.TensorSpec(**kwargs)
+        with pytest.raises(zt.SafetensorError, match="unknown dtype"):
+            zt.TensorSpec(**kwargs)
+    with pytest.raises(TypeError):
+        zt.TensorSpec("float32", [6], 1, 24)  # type: ignore[misc]
+    short = dict(dtype="float32", shape=[6], data_ptr=array.ctypes.data, data_len=20)
+    with pytest.raises(safetensors.SafetensorError):
+        safetensors.serialize({"a": safetensors.TensorSpec(**short)})
+    with pytest.raises(zt.SafetensorError, match="needs 24 bytes, data_len is 20"):
+        zt.serialize_file({"a": zt.TensorSpec(**short)}, tmp_path / "f")
+    assert not (tmp_path / "f").exists()
+    for bad in ({"a": 5}, {"a": {"dtype": "float32", "shape": [6], "data": b""}}):
+        with pytest.raises(TypeError):
+            safetensors.serialize(bad)
+        with pytest.raises(TypeError, match="argument 'tensor_dict'"):
+            zt.serialize(bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="argument 'data'"):
+        zt.deserialize("text")  # type: ignore[arg-type]
+
+
+def test_save_file_writes_many_buffers_in_batches(tmp_path: Path) -> None:
+    arrays = {f"t{k:04d}": np.full(k % 7, k, np.int16) for k in range(1300)}  # > 2 writev batches
+    znp.save_file(arrays, tmp_path / "f")
+    assert (tmp_path / "f").read_bytes() == safetensors.numpy.save(arrays)
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # no temporary left behind
+
+
+def test_save_file_of_reserved_size_is_exact(tmp_path: Path) -> None:
+    tensors = {"big": torch.arange(1 << 19, dtype=torch.float32), "x": torch.ones(3)}  # 2 MiB
+    ztorch.save_file(tensors, tmp_path / "f", {"k": "v"})
+    expected = safetensors.torch.save(tensors, {"k": "v"})
+    assert (tmp_path / "f").stat().st_size == len(expected)
+    assert (tmp_path / "f").read_bytes() == expected

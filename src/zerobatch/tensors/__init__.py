@@ -37,6 +37,7 @@ from zerobatch.tensors._describe import describe, is_tensor_file
 from zerobatch.tensors._errors import SafetensorError, SliceError, TensorNotFound
 from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header, TensorInfo
 from zerobatch.tensors._open import TensorSlice, safe_open
+from zerobatch.tensors._specs import TensorSpec, deserialize, serialize, serialize_file
 
 __all__ = [
     "BINTENSORS",
@@ -48,8 +49,10 @@ __all__ = [
     "TensorInfo",
     "TensorNotFound",
     "TensorSlice",
+    "TensorSpec",
     "checksum",
     "describe",
+    "deserialize",
     "is_tensor_file",
     "load",
     "load_file",
@@ -57,4 +60,6 @@ __all__ = [
     "save",
     "save_file",
     "save_with_checksum",
+    "serialize",
+    "serialize_file",
 ]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -13,6 +12,7 @@ from zerobatch.tensors._arrays import plan
 from zerobatch.tensors._format import encode_header, read_header
 from zerobatch.tensors._header import BINTENSORS
 from zerobatch.tensors._open import adapter, safe_open
+from zerobatch.tensors._write import write_atomic
 
 __all__ = ["checksum", "load", "load_file", "save", "save_file", "save_with_checksum"]
 
@@ -42,25 +42,12 @@ def save_with_checksum(tensors: Mapping[str, Any], metadata: Mapping[str, str] |
 def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
               metadata: Mapping[str, str] | None = None, *, format: str = BINTENSORS) -> None:
     """Write ``tensors`` to ``path`` atomically: a temporary file in the same
-    folder is written, flushed, then renamed over ``path``. Nothing is written
-    when any tensor is invalid. Contiguous little-endian arrays are written
-    from their own memory, without a copy."""
+    folder is written, then renamed over ``path``. Nothing is written when
+    any tensor is invalid. Contiguous little-endian arrays are written from
+    their own memory with ``os.writev``, without a copy."""
     planned, entries = plan(tensors, metadata, format)
     head = encode_header(format, None if metadata is None else dict(metadata), entries)
-    path = os.fspath(path)
-    folder, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with open(descriptor, "wb") as file:
-            file.write(head)
-            for item in planned:
-                file.write(item.data.data)
-            file.flush()
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+    write_atomic(path, [head, *(item.data for item in planned)])
 
 
 def load(data: bytes | bytearray, framework: str = "np") -> dict[str, Any]:

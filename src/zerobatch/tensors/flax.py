@@ -2,6 +2,28 @@
 
 from __future__ import annotations
 
-from zerobatch.tensors.jax import SafetensorError, load, load_file, safe_open, save, save_file
+from zerobatch.tensors.jax import (
+    SafetensorError,
+    TensorSpec,
+    deserialize,
+    load,
+    load_file,
+    safe_open,
+    save,
+    save_file,
+    serialize,
+    serialize_file,
+)
 
-__all__ = ["SafetensorError", "load", "load_file", "safe_open", "save", "save_file"]
+__all__ = [
+    "SafetensorError",
+    "TensorSpec",
+    "deserialize",
+    "load",
+    "load_file",
+    "safe_open",
+    "save",
+    "save_file",
+    "serialize",
+    "serialize_file",
+]

@@ -22,8 +22,20 @@ from zerobatch.tensors._checks import check_filename, check_metadata, check_tens
 from zerobatch.tensors._errors import SafetensorError
 from zerobatch.tensors._header import SAFETENSORS
 from zerobatch.tensors._open import safe_open
+from zerobatch.tensors._specs import TensorSpec, deserialize, serialize, serialize_file
 
-__all__ = ["SafetensorError", "load", "load_file", "safe_open", "save", "save_file"]
+__all__ = [
+    "SafetensorError",
+    "TensorSpec",
+    "deserialize",
+    "load",
+    "load_file",
+    "safe_open",
+    "save",
+    "save_file",
+    "serialize",
+    "serialize_file",
+]
 
 
 def _check_for_save(tensors: Any, metadata: Any) -> None:

@@ -27,13 +27,16 @@ from zerobatch.tensors._shared import (
     storage_ptr,
     storage_size,
 )
+from zerobatch.tensors._specs import TensorSpec, deserialize, serialize, serialize_file
 
 __all__ = [
     "SafetensorError",
+    "TensorSpec",
     "_filter_shared_not_shared",
     "_find_shared_tensors",
     "_is_complete",
     "_remove_duplicate_names",
+    "deserialize",
     "load",
     "load_file",
     "load_model",
@@ -41,6 +44,8 @@ __all__ = [
     "save",
     "save_file",
     "save_model",
+    "serialize",
+    "serialize_file",
     "storage_ptr",
     "storage_size",
 ]
