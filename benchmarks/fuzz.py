@@ -63,7 +63,8 @@ import numpy as np
 from zerobatch.errors import FormatError
 
 Files = dict[str, bytes]
-OUTCOMES = ("ok", "format_error", "unnamed", "escape", "false_pass", "crash", "hang", "alloc")
+OUTCOMES = ("ok", "format_error", "error_reply", "unnamed", "escape", "false_pass", "crash",
+            "hang", "alloc")
 MIN_BUDGET = 512 << 20  # address space a child may add per input, at least (bytes)
 RSS_FACTOR = 64  # and at most this many times the input's size of resident memory...
 MIN_RSS = 96 << 20  # ...or this much, whichever is larger
@@ -91,6 +92,11 @@ def register(target: Target) -> Target:
 
 class FalsePass(Exception):
     """``verify`` found no problem in a dataset whose read failed."""
+
+
+class ErrorReply(Exception):
+    """A server answered a request with an error reply (a ValueError, KeyError,
+    TypeError or IndexError its handler raised and the server caught)."""
 
 
 # ----------------------------------------------------------------- seeds and readers
@@ -246,6 +252,43 @@ def _read_npy(folder: Path, files: Files) -> None:
     windows.read(np.arange(len(windows)))
 
 
+def _service_seeds() -> list[Files]:
+    from zerobatch.service._transport import encode_header
+
+    frames = _columnar_batch().to_frames()
+    indexes = np.array([0, 2], dtype="<i8").tobytes()
+    requests = [
+        ({"op": "put", "partition": "p"}, frames),
+        ({"op": "get_meta", "fields": ["x", "j"], "batch_size": 2, "partition": "p",
+          "task": "t"}, []),
+        ({"op": "get", "fields": ["x", "o"], "indexes": indexes, "partition": "p"}, []),
+        ({"op": "clear", "partition": "p"}, []),
+    ]
+    return [{f"frame{i}": bytes(memoryview(f))
+             for i, f in enumerate([encode_header({"id": 1, **header}), *payload])}
+            for header, payload in requests]
+
+
+def _read_service(folder: Path, files: Files) -> None:
+    """A FieldStoreServer's request path without the socket: header, id, handler
+    on a table holding one partition."""
+    from zerobatch.service._transport import parse_header
+    from zerobatch.service.fieldstore import FieldTable, _handle
+
+    table = FieldTable(max_samples=64)
+    table.put(_columnar_batch(), "p")
+    frames = _frames(files)
+    if not frames:
+        raise FormatError("empty message: expected a header frame", path="header", field="v")
+    header = parse_header(frames[0])
+    try:
+        _handle(table)(header, [memoryview(f) for f in frames[1:]])
+    except FormatError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError) as error:  # what the server answers
+        raise ErrorReply(f"{type(error).__name__}: {error}") from error
+
+
 for _target in (
     Target("stream", _stream_seeds, _read_stream),
     Target("llmbatch", _batch_seeds, _read_batch),
@@ -254,6 +297,7 @@ for _target in (
     Target("safetensors", _tensor_seeds("safetensors"), _read_tensors),
     Target("bintensors", _tensor_seeds("bintensors"), _read_tensors),
     Target("npy-folder", _npy_seeds, _read_npy),
+    Target("service", _service_seeds, _read_service, on_disk=False),
 ):
     register(_target)
 
@@ -488,6 +532,8 @@ def run_one(target: Target, folder: Path, files: Files) -> tuple[str, str]:
         outcome, detail = "ok", ""
     except FalsePass as error:
         outcome, detail = "false_pass", str(error)[:300]
+    except ErrorReply as error:
+        outcome, detail = "error_reply", str(error)[:300]
     except FormatError as error:
         named = error.path is not None and error.field is not None
         outcome, detail = ("format_error" if named else "unnamed"), str(error)[:300]

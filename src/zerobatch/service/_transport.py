@@ -169,9 +169,11 @@ def client_socket(
 
 def parse_header(buffer: Any) -> dict[str, Any]:
     """The request or reply header map, or FormatError (``path='header'``)."""
-    header = unpack(buffer, where="header")
+    header = unpack(buffer, where="header", field="header")
     if not isinstance(header, dict):
-        raise FormatError(f"expected a map, found {type(header).__name__}", path="header")
+        raise FormatError(
+            f"expected a map, found {type(header).__name__}", path="header", field="header"
+        )
     if header.get("v") != PROTOCOL:
         raise FormatError(
             f"protocol version {header.get('v')!r}, expected {PROTOCOL}", path="header", field="v"

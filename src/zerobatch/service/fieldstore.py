@@ -307,6 +307,8 @@ def _handle(table: FieldTable) -> Any:
             return {}, [meta.to_bytes()]
         if op == "get":
             fields = expect(header, "fields", list, where="header", field="fields")
+            if not all(isinstance(f, str) for f in fields):
+                raise FormatError("expected a list of names", path="header", field="fields")
             raw = expect(header, "indexes", bytes, where="header", field="indexes")
             if len(raw) % _INDEX.itemsize:
                 raise FormatError(
@@ -329,7 +331,9 @@ def _handle(table: FieldTable) -> Any:
 
 def _no_payload(op: str, payload: list[memoryview]) -> None:
     if payload:
-        raise FormatError(f"{op} takes no payload, found {len(payload)} frames", path="frame 1")
+        raise FormatError(
+            f"{op} takes no payload, found {len(payload)} frames", path="frame 1", field="payload"
+        )
 
 
 class FieldStoreServer(Server):
