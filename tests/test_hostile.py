@@ -157,7 +157,9 @@ def test_batch_manifest_fields_are_validated(batches: Path, key: str, value: Any
     _raises(lambda: BatchFileReader(batches), "manifest.json", key)
 
 
-@pytest.mark.parametrize("serializer", ["", "custom:", " ", ["msgpack"], {"a": 1}, "a b"])
+@pytest.mark.parametrize(
+    "serializer", ["", "custom:", " ", ["msgpack"], {"a": 1}, "a b", "<c8", "msgpack2", ".x"]
+)
 def test_serializer_names_are_validated(dataset: Path, serializer: Any) -> None:
     _edit(dataset, lambda m: m.update(metadata={"serializer": serializer}))
     _raises(lambda: stream.open_dataset(dataset), "manifest.json", "metadata")

@@ -51,6 +51,7 @@ import numpy as np
 
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
+from zerobatch.stream.serializers import BUILTIN
 
 __all__ = [
     "DOCS",
@@ -295,10 +296,12 @@ def _parse_tokenizer(raw: Any, path: Path) -> Tokenizer | None:
 
 
 def _serializer_name_ok(name: str) -> bool:
-    """A built-in name (a word) or ``custom:<class name>``."""
+    """A built-in serializer's name or ``custom:<class name>``."""
+    if name in BUILTIN:
+        return True
     word = name.removeprefix("custom:")
-    return bool(word) and len(name) <= 256 and word.replace(".", "_").replace("<", "_") \
-        .replace(">", "_").isidentifier()
+    return word != name and bool(word) and len(name) <= 256 and word.replace(".", "_") \
+        .replace("<", "_").replace(">", "_").isidentifier()
 
 
 def parse_manifest(raw: Any, path: Path) -> Manifest:
