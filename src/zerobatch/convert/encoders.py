@@ -32,11 +32,13 @@ __all__ = [
 BYTES = "bytes"
 _EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "<|eos|>", "[SEP]")
 _CACHE: dict[EncoderSpec, Encoder] = {}
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 @dataclass(frozen=True)
 class Encoded:
-    """One document's ids and, per token, ``[start, end)`` in characters."""
+    """One document's ids and, when asked for, per token ``[start, end)`` in
+    characters (empty arrays otherwise)."""
 
     ids: npt.NDArray[np.int64]
     starts: npt.NDArray[np.int64]
@@ -48,7 +50,7 @@ class Encoder(Protocol):
 
     facts: Tokenizer
 
-    def encode(self, texts: list[str]) -> list[Encoded]: ...
+    def encode(self, texts: list[str], *, offsets: bool = True) -> list[Encoded]: ...
 
 
 class ByteEncoder:
@@ -57,10 +59,13 @@ class ByteEncoder:
     def __init__(self) -> None:
         self.facts = Tokenizer(BYTES, 257, 256, None)
 
-    def encode(self, texts: list[str]) -> list[Encoded]:
+    def encode(self, texts: list[str], *, offsets: bool = True) -> list[Encoded]:
         out = []
         for text in texts:
             raw = np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+            if not offsets:
+                out.append(Encoded(raw.astype(np.int64), _NONE, _NONE))
+                continue
             # A byte starts a character unless it is a continuation byte 10xxxxxx.
             char = np.cumsum((raw & 0xC0) != 0x80, dtype=np.int64) - 1
             out.append(Encoded(raw.astype(np.int64), char, char + 1))
@@ -77,12 +82,15 @@ class HFEncoder:
         vocab = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self.facts = Tokenizer(name, vocab, eos_id, None)
 
-    def encode(self, texts: list[str]) -> list[Encoded]:
+    def encode(self, texts: list[str], *, offsets: bool = True) -> list[Encoded]:
         out = []
         for encoding in self._tokenizer.encode_batch(texts):
-            offsets = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
-            out.append(Encoded(np.asarray(encoding.ids, dtype=np.int64),
-                               offsets[:, 0], offsets[:, 1]))
+            ids = np.asarray(encoding.ids, dtype=np.int64)
+            if not offsets:  # building offset arrays costs as much as the ids
+                out.append(Encoded(ids, _NONE, _NONE))
+                continue
+            spans = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
+            out.append(Encoded(ids, spans[:, 0], spans[:, 1]))
         return out
 
 

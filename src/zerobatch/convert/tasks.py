@@ -210,7 +210,8 @@ def run_task(job: Job) -> TaskStats:
                           metadata="msgpack" if meta else None,
                           shard_tokens=job.shard_tokens, tokenizer=facts) as writer:
             for batch in _batches(read_records(job.task, job.text_field), job, stats):
-                encoded = encoder.encode([doc.text for doc in batch])
+                encoded = encoder.encode([doc.text for doc in batch],
+                                         offsets=job.spans_field is not None)
                 for doc, enc in zip(batch, encoded, strict=True):
                     written = _write(writer, doc, enc, eos)
                     if written:
