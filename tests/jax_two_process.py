@@ -71,6 +71,13 @@ def main() -> None:
     save("y", arrays["labels"])
     saved["rows"] = rows
 
+    # Tensor parallelism across the processes: each holds half of every row's tokens.
+    across = Mesh(np.array(jax.devices()).reshape(2, 2, 2), ("tp", "pp", "dp"))
+    split_tokens = NamedSharding(across, P("pp", "dp", "tp"))
+    tp_rows = local_rows(split_tokens, shape)
+    save("t", to_global(source.read(5 * 8 + tp_rows), split_tokens,
+                        global_shape=shape)["input_ids"])
+
     # ShardDataset: three calls of two steps, shuffled.
     partition = NamedSharding(mesh, P(None, "pp", "dp", "tp"))
     with ShardDataset(folder, "train", 8, 4, 2, 2, 2, partition, tp=2, shuffle=True,

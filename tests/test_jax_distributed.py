@@ -87,6 +87,7 @@ def test_to_global_matches_one_process(runs: tuple[Path, list[dict[str, np.ndarr
                     global_shape=shape)
     _check_same(saved, "x", np.asarray(one["input_ids"]))
     _check_same(saved, "y", np.asarray(one["labels"]))
+    _check_same(saved, "t", np.asarray(one["input_ids"]))  # tokens split over the processes
     rows = [set(s["rows"].tolist()) for s in saved]
     assert len(rows[0]) == len(rows[1]) == 4 and not rows[0] & rows[1]
     assert rows[0] | rows[1] == set(range(8))

@@ -151,6 +151,9 @@ class ShardDataset:
     ) -> None:
         self._step_shape = check_layout(batch_size=batch_size, microbatch=microbatch,
                                          seq_len=T, dp=dp, pp=pp, tp=tp)
+        if partition is None and jax.process_count() > 1:
+            raise ValueError("with several JAX processes, pass partition= (a NamedSharding "
+                             "of (step, microbatch, dp * batch_size // microbatch, T) arrays)")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch must be an int >= 0, got {prefetch!r}")
         self.T, self.batch_size, self.microbatch = T, batch_size, microbatch
