@@ -14,8 +14,14 @@
    shard's device arrays per step); and, after the first call, how many
    waits exceeded 1 ms and the longest.
 
+2. Cost of placement. Tokens/s of one step (32 shuffled windows of 1,024
+   tokens, int32 inputs and labels) read from a local ``.npy`` folder, then
+   made global arrays over 8 CPU devices in seed 003's layout (``GlobalSteps``,
+   ``jax.make_array_from_process_local_data``), against the read alone and
+   ``np.copyto`` of the same bytes (the memory-copy limit), in one thread.
+
     python benchmarks/jax_input.py [--shards 4] [--shard-tokens 2_000_000]
-        [--latency 0.02] [--bandwidth 100e6] [--step-ms 10]
+        [--latency 0.02] [--bandwidth 100e6] [--step-ms 10] [--seconds 3]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import io
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +46,10 @@ import obstore
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from zerobatch.jax import ShardDataset
+from zerobatch.jax import GlobalSteps, ShardDataset
+from zerobatch.shuffle import Feistel
 from zerobatch.storage import open_storage
+from zerobatch.stream.npy import open_npy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from s3_server import S3Server
@@ -129,14 +138,20 @@ def main() -> None:
     parser.add_argument("--bandwidth", type=float, default=100e6, help="bytes/s per response")
     parser.add_argument("--step-ms", type=float, default=10.0)
     parser.add_argument("--prefetch", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=3.0, help="per placement row")
     args = parser.parse_args()
 
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     print(f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  load={os.getloadavg()[0]:.2f}  "
           f"jax={jax.__version__}  date={time.strftime('%Y-%m-%d')}")
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(1, DP, 1), ("pp", "dp", "tp"))
-    partition = NamedSharding(mesh, P(None, "pp", "dp", "tp"))
+    stalls(args, NamedSharding(mesh, P(None, "pp", "dp", "tp")))
+    placement(args, NamedSharding(mesh, P("pp", "dp", "tp")))
 
+
+def stalls(args: argparse.Namespace, partition: NamedSharding) -> None:
+    """Part 1: the consumer's waits, seed 003's loader against ShardDataset."""
+    print("\n1. stall at shard switches")
     # The S3 server and the proxy run in another process: their Python request
     # handling must not compete with the consumer for this process's GIL.
     server_process = subprocess.Popen(
@@ -180,6 +195,54 @@ def main() -> None:
     finally:
         server_process.kill()
         server_process.wait()
+
+
+def _rate(step: Callable[[], Any], tokens: int, seconds: float) -> float:
+    """Tokens/s of ``step`` (one step of ``tokens``), run for about ``seconds``."""
+    step()  # warm up: compile, first buffers
+    count, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        count += 1
+    return count * tokens / (time.perf_counter() - start)
+
+
+def placement(args: argparse.Namespace, sharding: NamedSharding) -> None:
+    """Part 2: what putting a step on the devices costs, against reading it."""
+    print("\n2. cost of placement (shuffled windows from a local .npy folder, warm cache)")
+    rows = DP * BATCH
+    with tempfile.TemporaryDirectory() as folder:
+        rng = np.random.default_rng(1)
+        for i in range(args.shards):
+            np.save(f"{folder}/{i:03d}.npy",
+                    rng.integers(0, 50_257, size=args.shard_tokens, dtype=np.uint16))
+        windows = open_npy(folder).windows(T, dtype="int32")
+        steps = GlobalSteps(sharding, rows=rows, seq_len=T, microbatch=MICRO)
+        order = Feistel(len(windows), seed=0)
+        position = [0]
+
+        def indices() -> np.ndarray:
+            start = position[0] % (len(windows) - rows)
+            position[0] += rows
+            return order(np.arange(start, start + rows))
+
+        def read() -> Any:
+            return windows.read(indices())
+
+        def read_and_place() -> Any:
+            return jax.block_until_ready(steps(windows.read(indices())))
+
+        source = np.empty((2, rows, T), np.int32)
+        target = np.empty_like(source)
+        results = {
+            "np.copyto of the same bytes": _rate(lambda: np.copyto(target, source), rows * T,
+                                                 args.seconds),
+            "read (NumPy, int32 x and y)": _rate(read, rows * T, args.seconds),
+            "read + to_global (8 devices)": _rate(read_and_place, rows * T, args.seconds),
+        }
+    limit = results["np.copyto of the same bytes"]
+    for name, rate in results.items():
+        print(f"{name:<32} {rate / 1e6:9.1f} M tokens/s  {rate / limit:6.3f} of the copy limit")
 
 
 if __name__ == "__main__":
