@@ -33,7 +33,7 @@ def _same_as_validated(batch: Batch) -> None:
     np.testing.assert_array_equal(batch.meta.production_status, again.meta.production_status)
     assert batch.meta.extra_info == again.meta.extra_info == {}
     assert batch.meta.custom_meta == again.meta.custom_meta == {}
-    for name in ("cu_seqlens", "doc_ids"):
+    for name in set(batch.fields) & {"cu_seqlens", "doc_ids"}:
         assert batch[name].offsets[0] == 0 and (np.diff(batch[name].offsets) >= 0).all()
 
 
@@ -308,3 +308,75 @@ def test_both_storage_methods_read_the_same(tmp_path: Path, method: str) -> None
     with stream.open_dataset(path, storage=storage) as ds:
         windows = ds.windows(64, stride=50)
         _check_windows(ds, corpus, 64, 50, Feistel(len(windows), 3)(np.arange(len(windows))))
+
+
+_ALL_WINDOW_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids",
+                       "loss_mask", "metadata")
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), shard_tokens=st.integers(1, 80),
+       seq_len=st.integers(1, 40), stride=st.integers(1, 50),
+       dtype=st.sampled_from(["int64", "int32", "stored"]), spans=st.booleans(),
+       picks=st.lists(st.sampled_from(_ALL_WINDOW_COLUMNS), min_size=1, max_size=7))
+def test_window_columns_on_request(tmp_path_factory: pytest.TempPathFactory, seed: int,
+                                   shard_tokens: int, seq_len: int, stride: int, dtype: str,
+                                   spans: bool, picks: list[str]) -> None:
+    """Any subset of columns, in any order, equals those columns of the full batch."""
+    rng = np.random.default_rng(seed)
+    corpus = random_corpus(rng, docs=12, max_len=30, spans=spans)
+    path = write(tmp_path_factory.mktemp("ds") / "ds", corpus,
+                 metadata="msgpack" if spans else None, shard_tokens=shard_tokens)
+    ds = stream.open_dataset(path)
+    picks = [name for name in picks if spans or name != "metadata"] or ["labels"]
+    full = ds.windows(seq_len, stride=stride, dtype=dtype)
+    some = ds.windows(seq_len, stride=stride, dtype=dtype, columns=picks)
+    assert some.columns == tuple(name for name in full.columns if name in picks)
+    if not len(full):
+        return
+    indices = rng.integers(0, len(full), size=int(rng.integers(0, 9)))
+    want, got = full.read(indices), some.read(indices)
+    _same_as_validated(got)
+    assert got.fields == list(some.columns)
+    assert got.meta.global_indexes.tolist() == indices.tolist()
+    for name in got.fields:
+        assert got.meta.field_schema[name] == want.meta.field_schema[name], name
+        if name == "metadata":
+            assert list(got[name]) == list(want[name])
+        elif name in ("cu_seqlens", "doc_ids"):
+            np.testing.assert_array_equal(got[name].values, want[name].values)
+            np.testing.assert_array_equal(got[name].offsets, want[name].offsets)
+        else:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_window_columns_refuse_bad_names(tmp_path: Path) -> None:
+    corpus = random_corpus(np.random.default_rng(2), docs=4, max_len=20)
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None))
+    with pytest.raises(ValueError, match=r"'tokens'.*input_ids, labels, position_ids"):
+        ds.windows(4, columns=("input_ids", "tokens"))
+    with pytest.raises(ValueError, match="'metadata'"):  # this dataset has no span metadata
+        ds.windows(4, columns=["metadata"])
+    with pytest.raises(ValueError, match="'labels'"):
+        ds.windows(4, labels=False, columns=["labels"])
+    with pytest.raises(ValueError, match="sequence of names"):
+        ds.windows(4, columns="input_ids")
+    with pytest.raises(ValueError, match="empty"):
+        ds.windows(4, columns=())
+
+
+def test_tokens_only_never_read_document_offsets(tmp_path: Path) -> None:
+    """Without position_ids, cu_seqlens and doc_ids the document offsets are
+    never read; with position_ids alone broken ones are still reported."""
+    corpus = random_corpus(np.random.default_rng(3), docs=6, max_len=30)
+    path = write(tmp_path / "ds", corpus, metadata=None)
+    ds = stream.open_dataset(path)
+    docs = path / "00000.docs"
+    docs.write_bytes(docs.read_bytes()[:-8])  # after opening: sizes are checked at open
+    batch = ds.windows(8, columns=("input_ids", "labels")).read([0, 1])
+    np.testing.assert_array_equal(batch["labels"][1], corpus.tokens[9:17])
+    from zerobatch.errors import FormatError
+
+    with pytest.raises(FormatError, match=r"00000\.docs") as info:
+        ds.windows(8, columns=("position_ids",)).read([0])
+    assert info.value.field == "offsets"

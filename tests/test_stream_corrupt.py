@@ -39,8 +39,11 @@ def _poke(path: Path, dtype: str, position: int, value: int) -> None:
 
 
 def _read_all(path: Path) -> None:
-    """Read every window and document, and decode every metadata value."""
+    """Read every window (positions alone first: their own kernel) and document,
+    and decode every metadata value."""
     ds = stream.open_dataset(path)
+    positions = ds.windows(8, columns=("position_ids",))
+    positions.read(np.arange(len(positions)))
     for batch in (ds.windows(8).read(np.arange(len(ds.windows(8)))),
                   ds.documents().read(np.arange(ds.num_documents))):
         if "metadata" in batch:

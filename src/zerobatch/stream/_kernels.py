@@ -24,6 +24,8 @@ __all__ = [
     "read_requests",
     "window_columns",
     "window_columns_meta",
+    "window_positions",
+    "window_tokens",
 ]
 
 OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX = 0, 1, 2, 3, 4
@@ -128,6 +130,17 @@ def plan_documents(
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _first_document(table: np.ndarray, record: int) -> int:
+    """The document of ``table`` (a shard's offsets) holding ``record``, or -1
+    when the offsets do not bracket it."""
+    first = np.uint64(record)
+    k0 = np.searchsorted(table, first, side="right") - 1
+    if k0 < 0 or k0 + 1 >= table.shape[0] or not table[k0] <= first < table[k0 + 1]:
+        return -1
+    return int(k0)
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _segments(
     pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
@@ -142,10 +155,10 @@ def _segments(
         if m <= 0:
             continue
         table = docs[s]
-        first, end = np.uint64(a), np.uint64(a + m)
+        end = np.uint64(a + m)
         # Offsets must rise from k0 to k1 and bracket [a, a + m); else the file lies.
-        k0 = np.searchsorted(table, first, side="right") - 1
-        if k0 < 0 or k0 + 1 >= table.shape[0] or not table[k0] <= first < table[k0 + 1]:
+        k0 = _first_document(table, a)
+        if k0 < 0:
             return nseg, np.empty(0, np.int32), nseg, nseg, nseg, nseg, BAD_DOCS, s
         k1 = k0 + 1  # a window spans few documents: walk instead of a second search
         while table[k1] < end:
@@ -182,12 +195,11 @@ def _segments(
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _decode_row(
-    b: int, tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
-    positions: np.ndarray, cu: np.ndarray, cu_offsets: np.ndarray,
+def _decode_tokens(
+    b: int, tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray
 ) -> None:
-    """Row ``b`` of ``inputs`` and ``labels`` (when they have rows) and of
-    ``positions`` (0 at the window start and at each document start)."""
+    """Row ``b`` of ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]``
+    cast, each skipped when it has no rows."""
     source = tokens[b]
     if inputs.shape[0] > 0:
         decoded = inputs[b]
@@ -198,11 +210,38 @@ def _decode_row(
             for t in range(seq_len - 1):
                 target[t] = decoded[t + 1]
             target[seq_len - 1] = source[seq_len]
+    elif labels.shape[0] > 0:
+        target = labels[b]
+        for t in range(seq_len):
+            target[t] = source[t + 1]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _decode_row(
+    b: int, tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+    positions: np.ndarray, cu: np.ndarray, cu_offsets: np.ndarray,
+) -> None:
+    """Row ``b`` of ``inputs`` and ``labels`` (``_decode_tokens``) and of
+    ``positions`` (0 at the window start and at each document start; skipped
+    when it has no rows)."""
+    _decode_tokens(b, tokens, seq_len, inputs, labels)
+    if positions.shape[0] == 0:
+        return
     row = positions[b]
     for q in range(cu_offsets[b], cu_offsets[b + 1] - 1):
         segment = row[np.int64(cu[q]) : np.int64(cu[q + 1])]
         for t in range(segment.shape[0]):
             segment[t] = t
+
+
+@njit(nogil=True, cache=True)
+def window_tokens(
+    tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray
+) -> None:
+    """``inputs`` and ``labels`` of a window batch (``_decode_tokens``), when no
+    column needs the documents."""
+    for b in range(tokens.shape[0]):
+        _decode_tokens(b, tokens, seq_len, inputs, labels)
 
 
 @njit(nogil=True, cache=True)
@@ -214,8 +253,8 @@ def window_columns(
     """Every column of a window batch in one pass over ``tokens`` (``[B, n]``).
 
     Writes ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]`` cast
-    (skipped when ``inputs`` has no rows; ``labels`` may have none) and
-    ``positions``, row by row, so each row is read once while it is in cache.
+    and ``positions`` (each skipped when it has no rows), row by row, so each
+    row is read once while it is in cache.
     Returns what ``_segments`` returns.
     """
     segments = _segments(pieces, tokens.shape[0], n, seq_len, docs, doc_starts)
@@ -224,6 +263,46 @@ def window_columns(
         for b in range(tokens.shape[0]):
             _decode_row(b, tokens, seq_len, inputs, labels, positions, cu, cu_offsets)
     return segments
+
+
+@njit(nogil=True, cache=True)
+def window_positions(
+    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int, docs: list,
+    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+) -> tuple[int, int]:
+    """``inputs`` and ``labels`` (``_decode_tokens``) and ``positions`` of a
+    window batch, when neither ``cu_seqlens`` nor ``doc_ids`` is asked for:
+    the document starts are written as they are found, nothing is allocated.
+    Returns (code, shard)."""
+    p = 0
+    for b in range(tokens.shape[0]):
+        _decode_tokens(b, tokens, seq_len, inputs, labels)
+        row = positions[b]
+        while p < pieces.shape[0] and pieces[p, OBS] == b:
+            s, a = pieces[p, SHARD], pieces[p, START]
+            c = pieces[p, DEST] - b * n  # a piece starts a segment (shards end documents)
+            m = min(pieces[p, LENGTH], seq_len - c)
+            p += 1
+            if m <= 0:
+                continue
+            table = docs[s]
+            k = _first_document(table, a)
+            if k < 0:
+                return BAD_DOCS, s
+            end = np.uint64(a + m)
+            segment = c
+            while True:
+                k += 1  # the next document starts at column c + table[k] - a
+                stop = c + m if table[k] >= end else c + np.int64(table[k]) - a
+                values = row[segment:stop]  # a view: the loop vectorizes
+                for t in range(values.shape[0]):
+                    values[t] = t
+                if table[k] >= end:
+                    break
+                if k + 1 >= table.shape[0] or table[k + 1] <= table[k]:
+                    return BAD_DOCS, s
+                segment = stop
+    return OK, 0
 
 
 @njit(nogil=True, cache=True)

@@ -146,10 +146,12 @@ class Dataset:
 
     def windows(
         self, seq_len: int, *, stride: int | None = None, labels: bool = True,
-        dtype: Any = "int64",
+        dtype: Any = "int64", columns: Sequence[str] | None = None,
     ) -> TokenWindows:
-        """Fixed-length windows over all documents concatenated (see ``TokenWindows``)."""
-        return TokenWindows(self, seq_len, stride=stride, labels=labels, dtype=dtype)
+        """Fixed-length windows over all documents concatenated (see ``TokenWindows``);
+        ``columns`` picks the columns computed (default all)."""
+        return TokenWindows(self, seq_len, stride=stride, labels=labels, dtype=dtype,
+                            columns=columns)
 
     def documents(self, *, max_len: int | None = None, dtype: Any = "int64") -> Documents:
         """One observation per document (see ``Documents``)."""
@@ -308,6 +310,12 @@ class TokenWindows:
     ``starts``/``ends`` are arrays; values decode on first use). Global indexes
     in the batch meta are the observation indices. Immutable and thread-safe.
 
+    ``columns`` (default: all of the above) names the columns to compute, in
+    any order; the batch holds them in the order above. Only what is asked for
+    costs time: without ``position_ids``, ``cu_seqlens`` and ``doc_ids`` the
+    document offsets are never read, and ``("input_ids", "labels")`` is one
+    read and one cast per batch. ``src.columns`` lists them.
+
     ``dtype`` sets the token columns: ``"int64"`` (default), ``"int32"``, or
     ``"stored"`` (``input_ids`` and ``labels`` are then overlapping views of
     the read buffer, no copy). ``position_ids`` are int64 with int64 tokens,
@@ -316,7 +324,7 @@ class TokenWindows:
 
     def __init__(
         self, dataset: Dataset, seq_len: int, *, stride: int | None = None,
-        labels: bool = True, dtype: Any = "int64",
+        labels: bool = True, dtype: Any = "int64", columns: Sequence[str] | None = None,
     ) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
@@ -331,13 +339,32 @@ class TokenWindows:
         self._span = seq_len + int(self._labels)
         self._len = max(0, (dataset.num_tokens - self._span) // stride + 1)
         manifest = dataset.manifest
-        # Token columns, then position_ids, share one dtype: planes of one [k, B, seq_len] array.
-        self._planes = 1 if self._dtype is None else 2 + int(self._labels)
+        self._fields = tuple(manifest.fields)
+        self._columns = _choose_columns(columns, self._window_columns())
+        wanted = set(self._columns)
+        self._want_inputs = "input_ids" in wanted
+        self._want_labels = "labels" in wanted
+        self._want_positions = "position_ids" in wanted
+        self._want_jagged = not wanted.isdisjoint(("cu_seqlens", "doc_ids"))
+        self._want_metadata = "metadata" in wanted
+        self._token_fields = tuple(name for name in self._fields if name in wanted)
+        # Cast token columns, then position_ids, share one dtype: planes of one
+        # [k, B, seq_len] array.
         self._plane_dtype = np.dtype(np.int32) if self._dtype is None else self._dtype
+        casts = 0 if self._dtype is None else self._want_inputs + self._want_labels
+        self._planes = casts + self._want_positions
+        self._no_rows = np.empty((0, seq_len), self._plane_dtype)  # "skip this column"
         self._dense = self._dense_schema()
         self._record_dtype = manifest.record_dtype
         self._token_field = manifest.token_field
-        self._fields = tuple(manifest.fields)
+
+    def _window_columns(self) -> tuple[str, ...]:
+        """Every column a batch can hold, in batch order."""
+        names = ["input_ids", *(["labels"] if self._labels else []),
+                 "position_ids", "cu_seqlens", "doc_ids", *self._fields]
+        if self._ds.has_metadata:
+            names.append("metadata")
+        return tuple(names)
 
     def _dense_schema(self) -> dict[str, FieldSchema]:
         """The schema of every column but the jagged ones, inferred as
@@ -365,6 +392,11 @@ class TokenWindows:
         """Tokens per window (without the extra label token)."""
         return self._seq_len
 
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The columns each batch holds, in order."""
+        return self._columns
+
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The windows at ``indices`` (``0 <= i < len``, any order, repeats
         allowed) as one Batch."""
@@ -389,15 +421,57 @@ class TokenWindows:
         planes = buffer[start:].view(self._plane_dtype)[:plane_items].reshape(
             self._planes, b_count, seq_len
         )
-        positions = planes[-1]
+        none = self._no_rows
+        inputs = labels = positions = none
+        if self._dtype is not None:
+            cast = iter(planes)
+            inputs = next(cast) if self._want_inputs else none
+            labels = next(cast) if self._want_labels else none
+        if self._want_positions:
+            positions = planes[-1]
+        jagged: dict[str, Any] = {}
+        metadata = None
+        schema = self._dense
+        if self._want_jagged or self._want_metadata:
+            jagged, metadata, schema = self._segment_columns(
+                records, tokens, pieces, inputs, labels, positions
+            )
+        elif self._want_positions:
+            code, shard = k.window_positions(
+                tokens, pieces, n, seq_len, ds._docs_tables(), inputs, labels, positions
+            )
+            ds._check(code, shard)
+        elif inputs.shape[0] or labels.shape[0]:
+            k.window_tokens(tokens, seq_len, inputs, labels)
         if self._dtype is None:  # views of the read buffer, labels overlapping inputs
-            inputs = labels = planes[0, :0]
-        else:
-            inputs = planes[0]
-            labels = planes[1] if self._labels else planes[0, :0]
+            inputs, labels = tokens[:, :seq_len], tokens[:, 1:]
+        # Built valid here: Jagged and Batch skip the checks of their public constructors.
+        out: dict[str, Any] = {}
+        if self._want_inputs:
+            out["input_ids"] = inputs
+        if self._want_labels:
+            out["labels"] = labels
+        if self._want_positions:
+            out["position_ids"] = positions
+        out.update(jagged)
+        for name in self._token_fields:
+            out[name] = records[name][:, :seq_len]
+        if metadata is not None:
+            out["metadata"] = metadata
+        return Batch._trusted(out, idx, {name: schema[name] for name in out})
+
+    def _segment_columns(
+        self, records: np.ndarray, tokens: np.ndarray, pieces: npt.NDArray[np.int64],
+        inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+    ) -> tuple[dict[str, Any], list[Spans] | None, dict[str, FieldSchema]]:
+        """Decode ``inputs``, ``labels`` and ``positions`` (each skipped when it
+        has no rows) with the document segments and, when asked for, the span
+        metadata; returns the jagged columns asked for, the metadata column (or
+        None) and the batch's schema."""
+        ds, n, seq_len = self._ds, self._span, self._seq_len
         docs = ds._docs_tables()
         metadata = None
-        if ds.has_metadata:
+        if self._want_metadata:
             (cu_off, cu, cu_len, doc_off, doc_ids, doc_len, *spans, code, shard
              ) = k.window_columns_meta(
                 tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
@@ -411,24 +485,34 @@ class TokenWindows:
                 tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
             )
         ds._check(code, shard)
-        if self._dtype is None:
-            inputs, labels = tokens[:, :seq_len], tokens[:, 1:]
-        # Built valid here: Jagged and Batch skip the checks of their public constructors.
-        columns: dict[str, Any] = {"input_ids": inputs}
-        if self._labels:
-            columns["labels"] = labels
-        columns["position_ids"] = positions
-        columns["cu_seqlens"] = Jagged._unchecked(cu, cu_off)
-        columns["doc_ids"] = Jagged._unchecked(doc_ids, doc_off)
-        for name in self._fields:
-            columns[name] = records[name][:, :seq_len]
+        columns: dict[str, Any] = {}
         schema = dict(self._dense)
-        schema["cu_seqlens"] = FieldSchema("jagged", cu.dtype, (), cu_len)
-        schema["doc_ids"] = FieldSchema("jagged", doc_ids.dtype, (), doc_len)
+        if "cu_seqlens" in self._columns:
+            columns["cu_seqlens"] = Jagged._unchecked(cu, cu_off)
+            schema["cu_seqlens"] = FieldSchema("jagged", cu.dtype, (), cu_len)
+        if "doc_ids" in self._columns:
+            columns["doc_ids"] = Jagged._unchecked(doc_ids, doc_off)
+            schema["doc_ids"] = FieldSchema("jagged", doc_ids.dtype, (), doc_len)
         if metadata is not None:
-            columns["metadata"] = metadata
-            schema["metadata"] = _METADATA_SCHEMA if b_count else _EMPTY_METADATA_SCHEMA
-        return Batch._trusted(columns, idx, {name: schema[name] for name in columns})
+            schema["metadata"] = _METADATA_SCHEMA if len(metadata) else _EMPTY_METADATA_SCHEMA
+        return columns, metadata, schema
+
+
+def _choose_columns(columns: Sequence[str] | None, valid: tuple[str, ...]) -> tuple[str, ...]:
+    """The columns asked for, in the order of ``valid``; all of them for None."""
+    if columns is None:
+        return valid
+    if isinstance(columns, str):
+        raise ValueError(f"columns must be a sequence of names, e.g. ({columns!r},), "
+                         f"not the string {columns!r}")
+    asked = list(columns)
+    unknown = [name for name in asked if name not in valid]
+    if unknown:
+        raise ValueError(f"unknown column(s) {', '.join(map(repr, unknown))} in columns=; "
+                         f"this source has {', '.join(valid)}")
+    if not asked:
+        raise ValueError(f"columns is empty; name at least one of {', '.join(valid)}")
+    return tuple(name for name in valid if name in asked)
 
 
 class Documents:
