@@ -18,6 +18,7 @@ from zerobatch.jax import (
     local_rows,
     to_global,
 )
+from zerobatch.shuffle import Feistel
 from zerobatch.stream.npy import open_npy
 
 MESHES = [(1, 8, 1), (1, 4, 2), (2, 2, 2)]  # (pp, dp, tp)
@@ -105,6 +106,9 @@ def test_global_steps(stream: tuple[Path, np.ndarray]) -> None:
     x, y = steps(batch)
     np.testing.assert_array_equal(np.asarray(x).reshape(8, 8), tokens[:64].reshape(8, 8))
     np.testing.assert_array_equal(np.asarray(y).reshape(8, 8), tokens[1:65].reshape(8, 8))
+    np.testing.assert_array_equal(steps.indices(16), 16 + np.arange(8))
+    order = Feistel(100, seed=3)
+    np.testing.assert_array_equal(steps.indices(16, order), order(16 + np.arange(8)))
     flat = GlobalSteps(NamedSharding(mesh_of(1, 8, 1), P("dp", None)), rows=8, seq_len=8)
     out = flat({"tokens": np.asarray(batch["input_ids"])})
     assert sorted(out) == ["tokens"] and out["tokens"].shape == (8, 8)

@@ -189,6 +189,14 @@ class GlobalSteps:
         self.sharding = sharding
         self.positions = local_rows(sharding, self.shape)
 
+    def indices(self, consumed: int, order: Any = None) -> npt.NDArray[np.int64]:
+        """The observations this process reads for the step starting at global
+        position ``consumed``: ``order(consumed + positions)`` (``order``: a
+        permutation such as ``Plan.order(epoch)``; None: no shuffle). Across
+        processes these are exactly the step's positions, each read once."""
+        positions = int(consumed) + self.positions
+        return positions if order is None else np.asarray(order(positions), dtype=np.int64)
+
     def __call__(self, batch: Any) -> Any:
         """``(x, y)`` from a batch with ``input_ids`` and ``labels``, else a dict
         of every dense ``[rows, seq_len]`` column."""
