@@ -5,6 +5,7 @@ argument errors, backends, file objects, tied-weight models and fp4."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -452,3 +453,36 @@ def test_save_file_of_reserved_size_is_exact(tmp_path: Path) -> None:
     expected = safetensors.torch.save(tensors, {"k": "v"})
     assert (tmp_path / "f").stat().st_size == len(expected)
     assert (tmp_path / "f").read_bytes() == expected
+
+
+@pytest.mark.parametrize("backend", ["mmap", "pread"])
+@pytest.mark.parametrize("kind", ["path", "file", "bytesio"])
+def test_truncated_and_crafted_files_fail_clearly_through_every_reader(
+        backend: str, kind: str, tmp_path: Path) -> None:
+    good = safetensors.numpy.save({"a": np.arange(8, dtype=np.float32)}, {"k": "v"})
+    cases = {
+        "short": (good[:5], "header_length"),
+        "header past end": (good[:20], "header_length"),
+        "data cut": (good[:-4], "data_offsets"),
+        "not a header": (b"\x08" + b"\0" * 7 + b"#" * 8, "header"),
+    }
+    for name, (data, field) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        with pytest.raises(safetensors.SafetensorError):
+            safetensors.safe_open(str(path), "np", backend=backend)
+        with open(path, "rb") as handle:
+            source = {"path": path, "file": handle, "bytesio": io.BytesIO(data)}[kind]
+            with pytest.raises(zt.SafetensorError) as error:
+                zt.safe_open(source, "np", backend=backend)
+        assert error.value.field == field, name
+        if kind != "bytesio":
+            assert str(path) in str(error.value)
+
+
+def test_pread_reports_a_file_truncated_after_opening(tmp_path: Path) -> None:
+    safetensors.numpy.save_file({"a": np.arange(1024, dtype=np.float64)}, str(tmp_path / "f"))
+    with zt.safe_open(tmp_path / "f", "np", backend="pread") as file:
+        os.truncate(tmp_path / "f", 100)
+        with pytest.raises(zt.SafetensorError, match="truncated after it was opened"):
+            file.get_tensor("a")

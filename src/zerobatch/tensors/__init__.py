@@ -17,6 +17,10 @@ Example (the bytes equal ``bintensors.numpy.save`` of the same input)::
     >>> tensors.load(data)["w"].tolist()
     [[1.0, 2.0]]
 
+``zerobatch.tensors.torch``, ``.numpy``, ``.jax`` and ``.flax`` are drop-ins
+for the modules of the same names in safetensors 0.8.0 (``save_model``,
+``load_model``, ``safe_open`` and the rest): only the import changes.
+
 Reading never copies on the CPU: NumPy arrays are read-only views of a memory
 map, PyTorch tensors writable views of a private copy-on-write map. Every
 header is checked completely before any tensor is handed out; a malformed

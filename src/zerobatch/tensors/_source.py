@@ -13,6 +13,7 @@ import mmap
 import os
 from typing import Any, Protocol
 
+from zerobatch.errors import FormatError
 from zerobatch.tensors._errors import SafetensorError
 
 __all__ = ["BACKENDS", "Source", "open_source"]
@@ -73,7 +74,9 @@ class _Pread:
         while done < len(buffer):
             count = os.preadv(self._descriptor, [view[done:]], begin + done)
             if count == 0:
-                raise OSError(f"{self.label}: file shrank while reading bytes {begin}..{end}")
+                raise FormatError(f"file ends at byte {begin + done} while reading bytes "
+                                  f"{begin}..{end} (truncated after it was opened?)",
+                                  path=self.label, field="data")
             done += count
         return buffer, 0
 
