@@ -220,7 +220,12 @@ def run_task(job: Job) -> TaskStats:
                     else:
                         stats.skipped_empty += 1
         (tmp / STATS).write_text(json.dumps(asdict(stats)))
-        os.replace(tmp, final)
+        try:
+            os.replace(tmp, final)
+        except OSError:  # the same task finished elsewhere first (an executor's retry)
+            if not (final / STATS).is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
