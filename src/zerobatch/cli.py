@@ -23,11 +23,16 @@ from zerobatch.errors import FormatError
 __all__ = ["main"]
 
 
-def _inspect(path: Path) -> str:
-    """A table describing ``path``: a ``.batch`` file, a batch shard folder,
-    a token-stream dataset or a tensor file (detected from its bytes)."""
+def _inspect(location: str) -> str:
+    """A table describing ``location``: a ``.batch`` file, a batch shard folder,
+    a token-stream dataset or a tensor file (detected from its bytes). Object
+    store URLs are read with the cloud's environment variables."""
     from zerobatch import batch_loader, stream
+    from zerobatch.storage import is_url
 
+    if is_url(location):
+        return _inspect_url(location)
+    path = Path(location)
     if stream.is_dataset(path):
         return stream.describe(path)
     if path.is_dir() or batch_loader.is_batch_file(path):
@@ -85,6 +90,12 @@ def _command(commands: Any, name: str, summary: str, example: str) -> argparse.A
                                f"{example}", formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def _inspect_url(url: str) -> str:
+    from zerobatch import stream
+
+    return stream.describe(url)
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="zerobatch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -119,12 +130,12 @@ def _build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--quiet", action="store_true", help="no progress bar or summary")
     inspect = _command(commands, "inspect", "print a file's header and derived sizes",
                        "zerobatch inspect data --plot data.png")
-    inspect.add_argument("path", type=Path)
+    inspect.add_argument("path", help="a file, folder, or s3:// gs:// az:// URL")
     inspect.add_argument("--plot", type=Path, metavar="FILE.png",
                          help="also write document-length and token-frequency plots")
     verify = _command(commands, "verify", "check a dataset's checksums and structure",
                       "zerobatch verify data")
-    verify.add_argument("path", type=Path)
+    verify.add_argument("path", help="a dataset folder or s3:// gs:// az:// URL")
     bench = _command(commands, "bench", "time shuffled window reads against the memory-copy "
                      "limit", "zerobatch bench data --seq-len 2048 --batch-size 16")
     bench.add_argument("path", type=Path)

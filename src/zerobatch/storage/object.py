@@ -19,10 +19,12 @@ on its first request. Start reader processes with ``spawn`` or ``forkserver``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -171,6 +173,11 @@ class ObjectStorage:
     def url(self) -> str:
         """The prefix URL names are relative to."""
         return f"{self._base}/{self._prefix}" if self._prefix else self._base
+
+    @property
+    def bucket_url(self) -> str:
+        """``scheme://bucket`` of this prefix."""
+        return self._base
 
     @property
     def store(self) -> Any:
@@ -337,6 +344,53 @@ class ObjectStorage:
         array = np.frombuffer(data, dtype=np.uint8)
         array.setflags(write=False)
         return array
+
+    def download(self, name: str, path: Path, *, chunk: int = 64 << 20) -> None:
+        """Copy the whole of ``name`` into the local file ``path``, ``chunk`` bytes
+        per range GET."""
+        handle = self.open(name)
+        size = self._sizes[handle]
+        buffer = bytearray(min(chunk, max(size, 1)))
+        with open(path, "wb") as file:
+            offset = 0
+            while offset < size:
+                got = self.readinto(handle, offset, buffer)
+                file.write(memoryview(buffer)[:got])
+                offset += got
+
+    # -- writing (used by ``publish``) --------------------------------------------
+
+    def put(self, name: str, data: bytes | Path) -> None:
+        """Upload ``data`` (bytes, or a local file by multipart upload when larger
+        than 5 MiB) as ``name``; the object appears only once complete."""
+        self._run(lambda: self._obstore.put_async(self._store, self.key(name), data), name,
+                  "upload")
+        with self._lock:
+            if self._listed is not None:
+                self._listed.pop(name, None)
+
+    def copy(self, source: ObjectStorage, name: str, target: str) -> None:
+        """Copy ``name`` of ``source`` (in the same bucket) to ``target`` here, inside
+        the store (no bytes pass through this process)."""
+        if source._base != self._base:
+            raise ValueError(f"cannot copy {source.url_of(name)} into {self.url}: "
+                             "not the same bucket")
+        self._run(lambda: self._obstore.copy_async(
+            self._store, source.key(name), self.key(target)), target, "copy")
+
+    def names(self) -> list[str]:
+        """The names directly under the prefix (listed now)."""
+        self._listed = None
+        return sorted(self._list())
+
+    def remove(self, name: str) -> None:
+        """Delete ``name`` (no error if absent)."""
+        with contextlib.suppress(FileNotFoundError):
+            self._run(lambda: self._obstore.delete_async(self._store, self.key(name)), name,
+                      "delete")
+        with self._lock:
+            if self._listed is not None:
+                self._listed.pop(name, None)
 
     def close(self) -> None:
         """Forget every handle; idempotent. Reads after it raise ``OSError``."""

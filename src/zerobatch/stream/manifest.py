@@ -50,7 +50,9 @@ from typing import Any
 import numpy as np
 
 from zerobatch._json import load_json
-from zerobatch.errors import FormatError
+from zerobatch.errors import FormatError, StorageError
+from zerobatch.storage.publish import Publisher, publisher
+from zerobatch.storage.url import join
 from zerobatch.stream.serializers import BUILTIN
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "check_sizes",
     "expected_sizes",
     "is_dataset",
+    "manifest_bytes",
     "parse_manifest",
     "read_manifest",
     "record_dtype",
@@ -187,11 +190,11 @@ def record_dtype(
     return np.dtype(parts), TOKEN
 
 
-def _fail(message: str, path: Path, name: str) -> FormatError:
+def _fail(message: str, path: str | Path, name: str) -> FormatError:
     return FormatError(message, path=path, field=name)
 
 
-def _int(value: Any, path: Path, name: str, *, optional: bool = False) -> Any:
+def _int(value: Any, path: str | Path, name: str, *, optional: bool = False) -> Any:
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -203,7 +206,7 @@ _FIELD_KINDS = "biuf"  # per-token fields: bool, integers, floats (what a Batch 
 _MAX_NAME_BYTES = 200  # a shard stem; its longest file name stays under NAME_MAX (255)
 
 
-def _parse_dtype(descr: Any, path: Path) -> tuple[np.dtype, str | None]:
+def _parse_dtype(descr: Any, path: str | Path) -> tuple[np.dtype, str | None]:
     if isinstance(descr, list) and not all(
         isinstance(p, list) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], str)
         for p in descr
@@ -238,7 +241,7 @@ def _parse_dtype(descr: Any, path: Path) -> tuple[np.dtype, str | None]:
     return dtype, TOKEN
 
 
-def _check_stem(name: Any, path: Path, where: str) -> str:
+def _check_stem(name: Any, path: str | Path, where: str) -> str:
     """``name`` if it is a plain file stem: no separator, NUL or control
     character, not hidden, at most ``_MAX_NAME_BYTES`` UTF-8 bytes."""
     ok = isinstance(name, str) and name and name.isprintable() and not name.startswith(".")
@@ -255,7 +258,7 @@ def _check_stem(name: Any, path: Path, where: str) -> str:
     return name
 
 
-def _parse_shard(raw: Any, i: int, suffixes: tuple[str, ...], path: Path) -> Shard:
+def _parse_shard(raw: Any, i: int, suffixes: tuple[str, ...], path: str | Path) -> Shard:
     where = f"shards[{i}]"
     if not isinstance(raw, dict):
         raise _fail("expected an object", path, where)
@@ -280,7 +283,7 @@ def _parse_shard(raw: Any, i: int, suffixes: tuple[str, ...], path: Path) -> Sha
     return Shard(name, records, documents, entries, files)
 
 
-def _parse_tokenizer(raw: Any, path: Path) -> Tokenizer | None:
+def _parse_tokenizer(raw: Any, path: str | Path) -> Tokenizer | None:
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -304,7 +307,7 @@ def _serializer_name_ok(name: str) -> bool:
         .replace("<", "_").replace(">", "_").isidentifier()
 
 
-def parse_manifest(raw: Any, path: Path) -> Manifest:
+def parse_manifest(raw: Any, path: str | Path) -> Manifest:
     """Validate a decoded manifest; ``FormatError`` names the first bad field."""
     if not isinstance(raw, dict):
         raise _fail("expected a JSON object", path, "manifest")
@@ -353,18 +356,27 @@ def is_dataset(path: str | os.PathLike[str]) -> bool:
     return isinstance(raw, dict) and raw.get("format") == FORMAT
 
 
-def read_manifest(folder: str | os.PathLike[str]) -> Manifest:
+def read_manifest(folder: str | os.PathLike[str], storage: Any = None) -> Manifest:
     """Read and validate ``folder/manifest.json`` (size and nesting depth capped
-    before parsing)."""
-    path = Path(folder) / MANIFEST
+    before parsing); through ``storage`` (a ``Storage`` of ``folder``) when
+    given, e.g. for URLs."""
+    path = join(folder, MANIFEST)
     try:
-        with open(path, "rb") as file:
-            data = file.read(MAX_MANIFEST_BYTES + 1)
+        if storage is None:
+            with open(path, "rb") as file:
+                data = file.read(MAX_MANIFEST_BYTES + 1)
+        else:
+            if storage.size(MANIFEST) > MAX_MANIFEST_BYTES:
+                raise _fail(f"larger than {MAX_MANIFEST_BYTES} bytes", path, "manifest")
+            data = storage.map(MANIFEST).tobytes()
     except OSError as error:
-        if not path.parent.is_dir():
+        if isinstance(error, StorageError):  # the store failed: not a format problem
             raise
-        raise _fail(f"cannot be read ({error.strerror}): not a token-stream dataset, or "
-                    "not fully written", path, "manifest") from None
+        exists = storage.names() if storage is not None else Path(folder).is_dir()
+        if not exists:
+            raise
+        raise _fail(f"cannot be read ({error.strerror or 'no such object'}): not a "
+                    "token-stream dataset, or not fully written", path, "manifest") from None
     raw = load_json(data, path=path, field="manifest", max_bytes=MAX_MANIFEST_BYTES)
     return parse_manifest(raw, path)
 
@@ -377,14 +389,16 @@ def expected_sizes(shard: Shard, itemsize: int) -> dict[str, int]:
     return sizes
 
 
-def check_sizes(folder: Path, manifest: Manifest, size: Callable[[str], int]) -> None:
+def check_sizes(
+    folder: str | os.PathLike[str], manifest: Manifest, size: Callable[[str], int]
+) -> None:
     """Every file exists with the size the manifest gives and the shard table
     implies; ``size(name)`` is the file's size (O(files) stats, no reads)."""
     itemsize = manifest.record_dtype.itemsize
     for i, shard in enumerate(manifest.shards):
         expected = expected_sizes(shard, itemsize)
         for suffix, (recorded, _) in shard.files.items():
-            path = folder / shard.file(suffix)
+            path = join(folder, shard.file(suffix))
             try:
                 actual = size(shard.file(suffix))
                 if isinstance(folder, Path) and folder.is_dir() and not stat.S_ISREG(
@@ -404,13 +418,13 @@ def check_sizes(folder: Path, manifest: Manifest, size: Callable[[str], int]) ->
                             path, f"files.{suffix}.bytes")
 
 
-def write_manifest(folder: str | os.PathLike[str], manifest: Manifest) -> None:
-    """Write ``manifest.json`` atomically (temporary name, fsync, rename)."""
-    path = Path(folder) / MANIFEST
-    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as file:
-        json.dump(manifest.to_json(), file, indent=1)
-        file.write("\n")
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp, path)
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The bytes of ``manifest.json`` for ``manifest``."""
+    return (json.dumps(manifest.to_json(), indent=1) + "\n").encode("utf-8")
+
+
+def write_manifest(folder: str | os.PathLike[str] | Publisher, manifest: Manifest) -> None:
+    """Publish ``manifest.json`` atomically into ``folder`` (a path, URL or a
+    ``Publisher``; locally: temporary name, fsync, rename)."""
+    target = publisher(folder) if isinstance(folder, str | os.PathLike) else folder
+    target.put(MANIFEST, manifest_bytes(manifest))

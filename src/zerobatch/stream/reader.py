@@ -28,7 +28,7 @@ from numba import typed
 from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
 from zerobatch.columnar.schema import normalize_column
 from zerobatch.errors import FormatError
-from zerobatch.storage import LocalStorage, Storage
+from zerobatch.storage import Storage, is_url, join, local_path, open_storage
 from zerobatch.stream import _kernels as k
 from zerobatch.stream._arena import ALIGN, Arena, carve
 from zerobatch.stream.manifest import (
@@ -82,7 +82,9 @@ class Dataset:
     thread-safe; ``close()`` is idempotent and makes later reads fail.
     """
 
-    def __init__(self, path: Path, manifest: Manifest, storage: Storage, serializer: Any) -> None:
+    def __init__(
+        self, path: str | Path, manifest: Manifest, storage: Storage, serializer: Any
+    ) -> None:
         self._path = path
         self._manifest = manifest
         self._storage = storage
@@ -103,8 +105,8 @@ class Dataset:
         self._closed = False
 
     @property
-    def path(self) -> Path:
-        """The dataset folder."""
+    def path(self) -> str | Path:
+        """The dataset folder (a ``Path``) or prefix URL (a ``str``)."""
         return self._path
 
     @property
@@ -161,7 +163,7 @@ class Dataset:
 
     def _shard_error(self, shard: int, suffix: str, field: str, message: str) -> FormatError:
         name = self._manifest.shards[shard].file(suffix)
-        return FormatError(message, path=self._path / name, field=field)
+        return FormatError(message, path=join(self._path, name), field=field)
 
     def _open(self, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Open the token files of ``shards`` not open yet; returns the handle table."""
@@ -576,11 +578,14 @@ class Documents:
 
 
 def open_dataset(
-    path: str | os.PathLike[str], *, metadata: Any = None, storage: Storage | None = None
+    path: str | os.PathLike[str], *, metadata: Any = None, storage: Storage | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Dataset | NpyTokens:
-    """Open a token-stream dataset folder: read the manifest, check file sizes.
+    """Open a token-stream dataset folder or prefix URL (``s3://``, ``gs://``,
+    ``az://``; ``storage_options`` as for ``zerobatch.storage.open_storage``):
+    read the manifest, check file sizes.
 
-    A folder of ``.npy`` token files and no manifest opens in place as one
+    A local folder of ``.npy`` token files and no manifest opens in place as one
     token stream (``zerobatch.stream.npy.NpyTokens``; ``windows`` only).
 
     ``metadata`` is needed only when the dataset was written with ``"pickle"``
@@ -588,16 +593,21 @@ def open_dataset(
     object). Raises ``FormatError`` naming the file and field on a bad manifest
     or a size mismatch.
     """
-    folder = Path(path)
-    if storage is None and is_npy_folder(folder):
+    folder: str | Path = str(path) if is_url(path) else local_path(path)
+    if storage is None and isinstance(folder, Path) and is_npy_folder(folder):
         return open_npy(folder)
-    manifest = read_manifest(folder)
-    storage = LocalStorage(folder) if storage is None else storage
-    check_sizes(folder, manifest, storage.size)
+    if storage is None:
+        storage = open_storage(folder, **(storage_options or {}))
+    try:
+        manifest = read_manifest(folder, storage if isinstance(folder, str) else None)
+        check_sizes(folder, manifest, storage.size)
+    except BaseException:
+        storage.close()
+        raise
     return Dataset(folder, manifest, storage, _serializer_for(folder, manifest, metadata))
 
 
-def _serializer_for(folder: Path, manifest: Manifest, metadata: Any) -> Any:
+def _serializer_for(folder: str | Path, manifest: Manifest, metadata: Any) -> Any:
     name = manifest.metadata
     if name is None:
         return None

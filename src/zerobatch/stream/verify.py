@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import xxhash
 
 from zerobatch._text import format_table
 from zerobatch.errors import FormatError
+from zerobatch.storage import is_url, local_path, open_storage
 from zerobatch.stream.manifest import (
     DOCS,
     META_DATA,
@@ -38,7 +41,7 @@ _CHUNK = 1 << 22  # records or bytes per step, to bound memory
 class Problem:
     """One thing wrong with one file of a dataset."""
 
-    path: Path
+    path: str | Path
     field: str
     message: str
 
@@ -149,32 +152,50 @@ def _check_shard(folder: Path, manifest: Manifest, i: int, serializer: Any) -> l
     return problems
 
 
-def verify(path: str | os.PathLike[str], *, metadata: Any = None) -> list[Problem]:
-    """Check a dataset folder: manifest, sizes, checksums, offsets, metadata ids
-    and (for built-in serializers other than pickle, or the ``metadata``
-    serializer passed) that every entry decodes. One pass over every byte.
+def verify(
+    path: str | os.PathLike[str], *, metadata: Any = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[Problem]:
+    """Check a dataset folder or prefix URL (``storage_options`` as for
+    ``zerobatch.storage.open_storage``): manifest, sizes, checksums, offsets,
+    metadata ids and (for built-in serializers other than pickle, or the
+    ``metadata`` serializer passed) that every entry decodes. One pass over
+    every byte; a remote shard is downloaded to a temporary folder first.
 
     Returns the problems found (an empty list: the dataset is sound).
     """
-    folder = Path(path)
+    remote = is_url(path)
+    folder: str | Path = str(path) if remote else local_path(path)
+    storage = open_storage(folder, **(storage_options or {}))
     try:
-        manifest = read_manifest(folder)
-        check_sizes(folder, manifest, lambda name: os.stat(folder / name).st_size)
-    except FormatError as error:
-        where = Path(error.path or folder)
-        prefix = f"{error.path}: field {error.field!r}: " if error.path and error.field else ""
-        return [Problem(where, error.field or "manifest", str(error).removeprefix(prefix))]
-    except OSError as error:
-        return [Problem(folder, "manifest", str(error))]
-    serializer = None
-    if manifest.metadata in BUILTIN and manifest.metadata != "pickle":
-        serializer = get_serializer(manifest.metadata)
-    elif metadata is not None:
-        serializer = get_serializer(metadata)
-    problems: list[Problem] = []
-    for i in range(len(manifest.shards)):
-        problems.extend(_check_shard(folder, manifest, i, serializer))
-    return problems
+        try:
+            manifest = read_manifest(folder, storage if remote else None)
+            check_sizes(folder, manifest, storage.size)
+        except FormatError as error:
+            where = error.path or folder
+            prefix = f"{error.path}: field {error.field!r}: " if error.path and error.field else ""
+            return [Problem(where, error.field or "manifest", str(error).removeprefix(prefix))]
+        except OSError as error:
+            return [Problem(folder, "manifest", str(error))]
+        serializer = None
+        if manifest.metadata in BUILTIN and manifest.metadata != "pickle":
+            serializer = get_serializer(manifest.metadata)
+        elif metadata is not None:
+            serializer = get_serializer(metadata)
+        problems: list[Problem] = []
+        for i in range(len(manifest.shards)):
+            if isinstance(folder, Path):
+                problems.extend(_check_shard(folder, manifest, i, serializer))
+                continue
+            with tempfile.TemporaryDirectory(prefix="zerobatch-verify-") as tmp:
+                for suffix in manifest.shards[i].files:
+                    name = manifest.shards[i].file(suffix)
+                    storage.download(name, Path(tmp) / name)
+                problems.extend(Problem(f"{folder}/{Path(p.path).name}", p.field, p.message)
+                                for p in _check_shard(Path(tmp), manifest, i, serializer))
+        return problems
+    finally:
+        storage.close()
 
 
 def format_problems(path: str | os.PathLike[str], problems: list[Problem]) -> str:
@@ -186,10 +207,18 @@ def format_problems(path: str | os.PathLike[str], problems: list[Problem]) -> st
     return "\n".join(lines)
 
 
-def describe(path: str | os.PathLike[str]) -> str:
-    """A table describing a dataset folder, from its manifest alone."""
-    folder = Path(path)
-    manifest = read_manifest(folder)
+def describe(
+    path: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> str:
+    """A table describing a dataset folder or prefix URL, from its manifest alone."""
+    if is_url(path):
+        storage = open_storage(path, **(storage_options or {}))
+        try:
+            manifest = read_manifest(str(path), storage)
+        finally:
+            storage.close()
+    else:
+        manifest = read_manifest(local_path(path))
     shards = manifest.shards
     tok = manifest.tokenizer
     rows = [

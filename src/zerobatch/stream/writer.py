@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
-import xxhash
 
+from zerobatch.storage.publish import Publisher, publisher
 from zerobatch.stream.manifest import (
     DOCS,
     MANIFEST,
@@ -34,45 +36,22 @@ from zerobatch.stream.serializers import get_serializer, serializer_name
 
 __all__ = ["DEFAULT_SHARD_TOKENS", "StreamWriter"]
 
+_LEFTOVER = re.compile(
+    r"^\.?\d{5,}\.(tokens|docs|meta\.index|meta\.data)(\.\d+\.tmp)?$"
+    r"|^\.manifest\.json\.\d+\.tmp$"
+)
+
 DEFAULT_SHARD_TOKENS = 1 << 28
 _FLUSH_BYTES = 8 << 20
-
-
-class _AtomicFile:
-    """A file written under a temporary name, hashed as written, renamed on commit."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        self._file = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
-        self._hash = xxhash.xxh3_64()
-        self.size = 0
-
-    def write(self, data: bytes | np.ndarray) -> None:
-        raw = data.view(np.uint8).data if isinstance(data, np.ndarray) else data
-        self._file.write(raw)
-        self._hash.update(raw)
-        self.size += len(raw)
-
-    def commit(self) -> tuple[int, str]:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        os.replace(self.tmp, self.path)
-        return self.size, self._hash.hexdigest()
-
-    def abort(self) -> None:
-        self._file.close()
-        self.tmp.unlink(missing_ok=True)
 
 
 class _ShardBuilder:
     """Buffers one shard's records, document offsets and metadata entries."""
 
-    def __init__(self, folder: Path, number: int, metadata: bool) -> None:
+    def __init__(self, out: Publisher, number: int, metadata: bool) -> None:
         self.name = shard_name(number)
-        self.tokens = _AtomicFile(folder / f"{self.name}.{TOKENS}")
-        self.meta = _AtomicFile(folder / f"{self.name}.{META_DATA}") if metadata else None
+        self.tokens = out.file(f"{self.name}.{TOKENS}")
+        self.meta = out.file(f"{self.name}.{META_DATA}") if metadata else None
         self.pending: list[np.ndarray] = []
         self.pending_bytes = 0
         self.records = 0
@@ -98,15 +77,15 @@ class _ShardBuilder:
             self.tokens.write(np.concatenate(self.pending))
             self.pending, self.pending_bytes = [], 0
 
-    def commit(self, folder: Path) -> Shard:
+    def commit(self, out: Publisher) -> Shard:
         self.flush()
         files = {TOKENS: self.tokens.commit()}
-        docs = _AtomicFile(folder / f"{self.name}.{DOCS}")
+        docs = out.file(f"{self.name}.{DOCS}")
         docs.write(np.asarray(self.doc_offsets, dtype=OFFSET_DTYPE))
         files[DOCS] = docs.commit()
         entries = None
         if self.meta is not None:
-            index = _AtomicFile(folder / f"{self.name}.{META_INDEX}")
+            index = out.file(f"{self.name}.{META_INDEX}")
             index.write(np.asarray(self.meta_offsets, dtype=OFFSET_DTYPE))
             files[META_INDEX] = index.commit()
             files[META_DATA] = self.meta.commit()
@@ -144,8 +123,8 @@ class StreamWriter:
     """Write documents into a new token-stream dataset folder (see ``manifest``).
 
     Args:
-        path: the output folder; created if missing, and refused if it already
-            holds a manifest or shard files.
+        path: the output folder or prefix URL; created if missing, and refused
+            if it already holds a manifest.
         token_dtype: ``"<u2"`` (ids below 65,536) or ``"<u4"``.
         fields: per-token fields, name -> dtype (``{"loss_mask": "u1"}``).
         metadata: the span-metadata serializer: ``"msgpack"``, ``"json"``,
@@ -154,10 +133,18 @@ class StreamWriter:
         shard_tokens: a shard is closed before a document would take it past
             this many tokens (records); a longer document gets a shard alone.
         tokenizer: a ``Tokenizer`` or a dict of its fields, for the manifest.
+        storage_options: for an object-store URL ``path`` (``s3://``, ``gs://``,
+            ``az://``), obstore's options (see ``zerobatch.storage.open_storage``).
 
-    Every file is written under a temporary name, fsynced and renamed; the
-    manifest goes last, on ``close()``. After an exception inside ``with``,
-    the writer removes what it wrote and writes no manifest. Not thread-safe.
+    Files are published through ``zerobatch.storage.publish``: locally under a
+    temporary name, fsynced and renamed; to an object store staged on local
+    disk and uploaded as each shard closes, while the next is written. The
+    manifest goes last, on ``close()``, after every file is published. After
+    an exception inside ``with``, the writer removes what it wrote and writes
+    no manifest. A writer that was killed leaves shard files and no manifest;
+    the next writer to the same place removes them (a local folder is locked
+    while a writer is alive, so a live writer's files are never taken).
+    Not thread-safe.
     """
 
     def __init__(
@@ -169,6 +156,7 @@ class StreamWriter:
         metadata: Any = None,
         shard_tokens: int = DEFAULT_SHARD_TOKENS,
         tokenizer: Tokenizer | Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if np.dtype(token_dtype).str not in TOKEN_DTYPES:
             raise ValueError(f"token_dtype must be one of {TOKEN_DTYPES}, got {token_dtype!r}")
@@ -188,21 +176,28 @@ class StreamWriter:
                                  f"{token_dtype}; use '<u4'")
             self._limit = vocab - 1
         self._shard_tokens = shard_tokens
-        self._folder = Path(path)
-        self._folder.mkdir(parents=True, exist_ok=True)
-        existing = [p.name for p in self._folder.iterdir() if p.name == MANIFEST
-                    or p.name.endswith((f".{TOKENS}", f".{DOCS}"))]
-        if existing:
-            raise FileExistsError(f"{self._folder} already holds a dataset ({existing[0]})")
+        self._out = publisher(path, **(storage_options or {}))
+        try:
+            self._out.claim()
+            names = self._out.names()
+            if MANIFEST in names:
+                raise FileExistsError(f"{self._out.location} already holds a dataset "
+                                      f"({MANIFEST})")
+            for name in names:  # a dead writer's files: its manifest was never written
+                if _LEFTOVER.match(name):
+                    self._out.remove(name)
+        except BaseException:
+            self._out.close()
+            raise
         self._shards: list[Shard] = []
         self._current: _ShardBuilder | None = None
         self._documents = 0
         self._closed = False
 
     @property
-    def path(self) -> Path:
-        """The output folder."""
-        return self._folder
+    def path(self) -> str | Path:
+        """The output folder (a ``Path``) or prefix URL (a ``str``)."""
+        return self._out.location
 
     @property
     def record_dtype(self) -> np.dtype:
@@ -328,10 +323,10 @@ class StreamWriter:
             current.records + n > self._shard_tokens
             or len(current.meta_offsets) + entries > NO_METADATA
         ):
-            self._shards.append(current.commit(self._folder))
+            self._shards.append(current.commit(self._out))
             current = None
         if current is None:
-            current = _ShardBuilder(self._folder, len(self._shards), self._serializer is not None)
+            current = _ShardBuilder(self._out, len(self._shards), self._serializer is not None)
             self._current = current
         return current
 
@@ -341,12 +336,16 @@ class StreamWriter:
             return
         self._closed = True
         if self._current is not None:
-            self._shards.append(self._current.commit(self._folder))
+            self._shards.append(self._current.commit(self._out))
             self._current = None
         name = None if self._serializer is None else serializer_name(self._serializer)
-        write_manifest(self._folder, Manifest(
-            self._dtype, self._token_field, name, self._tokenizer, tuple(self._shards)
-        ))
+        try:
+            self._out.wait()  # every shard is published before the manifest names it
+            write_manifest(self._out, Manifest(
+                self._dtype, self._token_field, name, self._tokenizer, tuple(self._shards)
+            ))
+        finally:
+            self._out.close()
 
     def abort(self) -> None:
         """Remove every file written so far and write no manifest; idempotent."""
@@ -356,6 +355,11 @@ class StreamWriter:
         if self._current is not None:
             self._current.abort()
             self._current = None
-        for shard in self._shards:
-            for suffix in shard.files:
-                (self._folder / shard.file(suffix)).unlink(missing_ok=True)
+        try:
+            with contextlib.suppress(OSError):
+                self._out.wait()
+            for shard in self._shards:
+                for suffix in shard.files:
+                    self._out.remove(shard.file(suffix))
+        finally:
+            self._out.close()

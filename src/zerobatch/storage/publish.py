@@ -1,0 +1,283 @@
+"""One way to publish files atomically, locally or to an object store: ``publisher``.
+
+Every zerobatch writer writes through a ``Publisher``, so that at every instant
+a reader of the target sees the old content or the new one, never nothing and
+never a mix:
+
+- local (``LocalPublisher``): each file is written under a temporary name
+  beside its target (``.NAME.PID.tmp``), flushed, fsynced and renamed over the
+  target; the folder is fsynced after the rename.
+- object store (``ObjectPublisher``): each file is staged on local disk,
+  uploaded as it closes (concurrently with the writing of the next, by
+  multipart upload when larger than 5 MiB), and an object appears only when
+  its upload completes. ``wait()`` returns once every upload succeeded; the
+  writer publishes its manifest (``put``) only after that.
+
+A dataset is published by its manifest: data files first, the manifest last.
+A manifest names only files that were completely published before it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import xxhash
+
+from zerobatch.errors import StorageError
+from zerobatch.storage.url import is_url, local_path
+
+__all__ = [
+    "LOCK",
+    "AtomicFile",
+    "LocalPublisher",
+    "ObjectPublisher",
+    "Publisher",
+    "StagedFile",
+    "fsync_folder",
+    "publisher",
+]
+
+TMP_SUFFIX = ".tmp"
+"""Temporary files of a local publish are named ``.NAME.PID.tmp``."""
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make the renames in ``folder`` durable (a no-op where folders cannot be opened)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+class AtomicFile:
+    """A file written under a temporary name, hashed (xxh3-64) as written, and
+    renamed over ``path`` by ``commit()``; ``abort()`` removes it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+        self._file = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+        self._hash = xxhash.xxh3_64()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        """Append ``data`` (an array is written from its own memory)."""
+        raw = data.view(np.uint8).data if isinstance(data, np.ndarray) else data
+        self._file.write(raw)
+        self._hash.update(raw)
+        self.size += len(memoryview(raw).cast("B"))
+
+    def _close(self) -> tuple[int, str]:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return self.size, self._hash.hexdigest()
+
+    def commit(self) -> tuple[int, str]:
+        """Flush, fsync, rename over the target; returns (bytes, xxh3-64 hex)."""
+        result = self._close()
+        os.replace(self.tmp, self.path)
+        fsync_folder(self.path.parent)
+        return result
+
+    def abort(self) -> None:
+        """Close and remove the temporary file; the target is untouched."""
+        self._file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+class Publisher(Protocol):
+    """Where a writer publishes the files of one folder or prefix."""
+
+    location: str | Path
+
+    def claim(self) -> None:
+        """Take the location for one writer (``FileExistsError`` if a live writer
+        holds it); released by ``close()``."""
+        ...
+
+    def file(self, name: str) -> Any:
+        """A new file ``name`` (``write``, ``commit() -> (bytes, xxh3)``, ``abort``)."""
+        ...
+
+    def put(self, name: str, data: bytes) -> None:
+        """Publish ``name`` with ``data`` in one step (manifests)."""
+        ...
+
+    def names(self) -> list[str]:
+        """The names present directly under the location (published ones only)."""
+        ...
+
+    def remove(self, name: str) -> None:
+        """Remove ``name`` if present."""
+        ...
+
+    def wait(self) -> None:
+        """Return once every committed file is published; raise if one failed."""
+        ...
+
+    def close(self) -> None:
+        """Release staging space and threads; idempotent."""
+        ...
+
+
+LOCK = ".zerobatch-writer.lock"
+"""A local writer holds an exclusive ``flock`` on this file in its folder while alive."""
+
+
+class LocalPublisher:
+    """Publishes into a local folder (created if missing) by rename."""
+
+    def __init__(self, folder: str | os.PathLike[str]) -> None:
+        self.location: str | Path = Path(folder)
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._lock: int | None = None
+
+    def claim(self) -> None:
+        import fcntl
+
+        descriptor = os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise FileExistsError(f"{self.folder}: another writer is writing here "
+                                  f"(it holds {LOCK})") from None
+        self._lock = descriptor
+
+    def file(self, name: str) -> AtomicFile:
+        return AtomicFile(self.folder / name)
+
+    def put(self, name: str, data: bytes) -> None:
+        file = AtomicFile(self.folder / name)
+        try:
+            file.write(data)
+        except BaseException:
+            file.abort()
+            raise
+        file.commit()
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.folder.iterdir() if p.name != LOCK)
+
+    def remove(self, name: str) -> None:
+        (self.folder / name).unlink(missing_ok=True)
+
+    def wait(self) -> None:
+        return None
+
+    def close(self) -> None:
+        if self._lock is not None:
+            (self.folder / LOCK).unlink(missing_ok=True)
+            os.close(self._lock)
+            self._lock = None
+
+
+class StagedFile:
+    """A file staged on local disk and uploaded by ``commit()`` (in the background)."""
+
+    def __init__(self, owner: ObjectPublisher, name: str) -> None:
+        self._owner = owner
+        self.name = name
+        self.path = owner.staging / name
+        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in commit/abort
+        self._hash = xxhash.xxh3_64()
+        self.size = 0
+
+    def write(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        raw = data.view(np.uint8).data if isinstance(data, np.ndarray) else data
+        self._file.write(raw)
+        self._hash.update(raw)
+        self.size += len(memoryview(raw).cast("B"))
+
+    def commit(self) -> tuple[int, str]:
+        """Close and start the upload; returns (bytes, xxh3-64 hex) at once."""
+        self._file.close()
+        self._owner._upload(self.name, self.path)
+        return self.size, self._hash.hexdigest()
+
+    def abort(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+class ObjectPublisher:
+    """Publishes under an object-store prefix: files staged in a temporary local
+    folder, uploaded as they close (``max_uploads`` at once), each one visible
+    only once complete. ``storage_options`` as for ``open_storage``."""
+
+    def __init__(self, url: str, *, max_uploads: int = 4, **storage_options: Any) -> None:
+        from zerobatch.storage.object import ObjectStorage
+
+        self.storage = ObjectStorage(url, **storage_options)
+        self.location: str | Path = self.storage.url
+        self.staging = Path(tempfile.mkdtemp(prefix="zerobatch-upload-"))
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_uploads,
+                                                           thread_name_prefix="zerobatch-upload")
+        self._pending: list[concurrent.futures.Future[None]] = []
+        self._closed = False
+
+    def claim(self) -> None:
+        """Nothing to take: object stores have no locks (one writer per prefix)."""
+
+    def file(self, name: str) -> StagedFile:
+        return StagedFile(self, name)
+
+    def _put_path(self, name: str, path: Path) -> None:
+        try:
+            self.storage.put(name, path)
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _upload(self, name: str, path: Path) -> None:
+        self._pending.append(self._pool.submit(self._put_path, name, path))
+
+    def put(self, name: str, data: bytes) -> None:
+        self.storage.put(name, data)
+
+    def names(self) -> list[str]:
+        return self.storage.names()
+
+    def remove(self, name: str) -> None:
+        self.storage.remove(name)
+
+    def wait(self) -> None:
+        pending, self._pending = self._pending, []
+        errors = [f.exception() for f in pending]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            if isinstance(failed[0], StorageError | FileNotFoundError):
+                raise failed[0]
+            raise StorageError(f"{self.location}: upload failed: {failed[0]}") from failed[0]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for future in self._pending:
+            future.cancel()
+        self._pool.shutdown(wait=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def publisher(location: str | os.PathLike[str], **storage_options: Any) -> Publisher:
+    """The ``Publisher`` for a local folder, ``file://`` URL or object-store prefix."""
+    if is_url(location):
+        return ObjectPublisher(str(location), **storage_options)
+    if storage_options:
+        raise ValueError(f"{location!r} is a local path; storage_options "
+                         f"{sorted(storage_options)} apply only to object-store URLs")
+    return LocalPublisher(local_path(location))

@@ -1,0 +1,132 @@
+"""Token-stream datasets on S3 (moto on loopback): the same batches as local."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from zerobatch import FormatError, StorageError
+from zerobatch.cli import main
+from zerobatch.columnar import Jagged
+from zerobatch.storage import ObjectStorage
+from zerobatch.stream import StreamWriter, combine, open_dataset, verify
+
+
+def _write(location, rng, **options):
+    with StreamWriter(location, metadata="msgpack", shard_tokens=3_000,
+                      fields={"loss_mask": "u1"}, **options) as writer:
+        for d in range(60):
+            n = int(rng.integers(5, 300))
+            tokens = rng.integers(0, 60_000, n)
+            spans = [(0, n // 2, {"doc": d})] if d % 3 else None
+            writer.add_document(tokens, spans=spans,
+                                fields={"loss_mask": rng.integers(0, 2, n)})
+
+
+@pytest.fixture(scope="module")
+def pair(s3, tmp_path_factory):
+    """One dataset written locally and to s3:// (several shards, metadata, a field)."""
+    local = tmp_path_factory.mktemp("stream") / "local"
+    url = s3.url("stream")
+    _write(local, np.random.default_rng(7))
+    _write(url, np.random.default_rng(7), storage_options=s3.storage_options())
+    return local, url
+
+
+def _same(a, b):
+    assert a.fields == b.fields and len(a) == len(b)
+    assert a.meta.global_indexes == b.meta.global_indexes
+    for name in a.fields:
+        x, y = a[name], b[name]
+        if isinstance(x, Jagged):
+            assert len(x) == len(y)
+            for i in range(len(x)):
+                np.testing.assert_array_equal(x[i], y[i])
+        elif isinstance(x, np.ndarray):
+            np.testing.assert_array_equal(x, y)
+        else:
+            assert [list(v) for v in x] == [list(v) for v in y]
+
+
+def test_windows_and_documents_match_local(pair, s3):
+    local, url = pair
+    with open_dataset(local) as a, open_dataset(url, storage_options=s3.storage_options()) as b:
+        assert b.path == url and a.manifest == b.manifest
+        assert len(b.manifest.shards) > 1
+        rng = np.random.default_rng(0)
+        wa, wb = a.windows(128), b.windows(128)
+        for _ in range(3):
+            idx = rng.permutation(len(wa))[:16]
+            _same(wa.read(idx), wb.read(idx))
+        da, db = a.documents(), b.documents()
+        idx = rng.permutation(len(da))[:10]
+        _same(da.read(idx), db.read(idx))
+
+
+def test_verify_and_cli_over_s3(pair, s3, monkeypatch, capsys):
+    _, url = pair
+    assert verify(url, storage_options=s3.storage_options()) == []
+    for key, value in s3.env().items():
+        monkeypatch.setenv(key, value)
+    assert main(["verify", url]) == 0
+    assert main(["inspect", url]) == 0
+    assert "token-stream dataset" in capsys.readouterr().out
+
+
+def test_combine_into_the_same_store(pair, s3):
+    local, url = pair
+    out = s3.url("combined")
+    options = s3.storage_options()
+    combine([url, url], out, storage_options=options)
+    with open_dataset(local) as a, open_dataset(out, storage_options=options) as b:
+        assert b.num_tokens == 2 * a.num_tokens
+        wa, wb = a.windows(64), b.windows(64)
+        idx = np.arange(len(wa) - 5, len(wa))
+        _same(wa.read(idx), wb.read(idx))
+    assert verify(out, storage_options=options) == []
+
+
+def test_faults_at_20_percent_give_identical_batches(pair, s3, s3_proxy):
+    local, url = pair
+    options = s3.storage_options(s3_proxy.endpoint, retries=8)
+    with open_dataset(local) as a, s3_proxy.faults(0.2, delay=0.01), \
+            open_dataset(url, storage_options=options) as b:
+        wa, wb = a.windows(100), b.windows(100)
+        rng = np.random.default_rng(1)
+        for _ in range(4):
+            idx = rng.permutation(len(wa))[:8]
+            _same(wa.read(idx), wb.read(idx))
+
+
+def test_faults_at_100_percent_raise(pair, s3, s3_proxy):
+    _, url = pair
+    options = s3.storage_options(s3_proxy.endpoint, retries=2, budget=3.0)
+    with open_dataset(url, storage_options=options) as b, \
+            s3_proxy.faults(1.0, kinds=("503", "reset")), pytest.raises(StorageError, match=url):
+        b.windows(100).read(np.arange(8))
+
+
+def test_corrupt_and_truncated_remote_shards(pair, s3):
+    local, _ = pair
+    options = s3.storage_options()
+    bad = s3.url("bad")
+    store = ObjectStorage(bad, **options)
+    for path in sorted(local.iterdir()):
+        store.put(path.name, path.read_bytes())
+    store.put("00000.tokens", (local / "00000.tokens").read_bytes()[:-4])
+    with pytest.raises(FormatError, match=f"{bad}/00000.tokens"):
+        open_dataset(bad, storage_options=options)
+    docs = np.fromfile(local / "00000.docs", dtype="<u8")
+    docs[3] = docs[-1] + 10  # offsets past the end
+    store.put("00000.tokens", (local / "00000.tokens").read_bytes())
+    store.put("00000.docs", docs.tobytes())
+    with open_dataset(bad, storage_options=options) as ds, \
+            pytest.raises(FormatError, match=f"{bad}/00000.docs"):
+        ds.documents().read(np.arange(5))
+    problems = verify(bad, storage_options=options)
+    assert any(str(p.path) == f"{bad}/00000.docs" for p in problems)
+    store.remove("manifest.json")
+    with pytest.raises(FormatError, match=f"{bad}/manifest.json.*not fully written"):
+        open_dataset(bad, storage_options=options)
+    with pytest.raises(FileNotFoundError, match=f"{bad}-none/manifest.json"):
+        open_dataset(f"{bad}-none", storage_options=options)
