@@ -1,0 +1,108 @@
+"""Atomic publish: a writer SIGKILLed at every step of the publish sequence leaves
+the old content or the new, never a manifest naming a missing or partial file;
+a rerun cleans up what the dead writer left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from kill_writer import arm, write
+
+from zerobatch.storage.publish import publisher
+from zerobatch.stream import StreamWriter, open_dataset, verify
+from zerobatch.stream.manifest import MANIFEST
+
+
+def _tokens(location, **options) -> np.ndarray:
+    with open_dataset(location, **options) as ds:
+        return ds.documents().read(np.arange(ds.num_documents))["input_ids"].values.copy()
+
+
+def _run_killed(folder: Path, kill_at: int) -> int:
+    """Run the writer in a forked child killed at step ``kill_at``; its wait status."""
+    with warnings.catch_warnings():  # the child touches no JAX, obstore or thread
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pid = os.fork()
+    if pid == 0:  # the child: local files only (obstore is never used after a fork)
+        code = 1
+        try:
+            arm(kill_at)
+            write(str(folder), seed=5)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return status
+
+
+def test_local_writer_killed_at_every_step(tmp_path):
+    reference = tmp_path / "reference"
+    write(str(reference), seed=5)
+    want = _tokens(reference)
+    steps = 0
+    for kill_at in range(1, 200):
+        folder = tmp_path / f"killed-{kill_at}"
+        status = _run_killed(folder, kill_at)
+        if os.WIFEXITED(status):
+            assert os.WEXITSTATUS(status) == 0
+            break
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        steps += 1
+        if (folder / MANIFEST).exists():  # published: must be whole
+            assert verify(folder) == [] and np.array_equal(_tokens(folder), want)
+        else:
+            write(str(folder), seed=5)  # the rerun cleans up and finishes
+        assert verify(folder) == [] and np.array_equal(_tokens(folder), want)
+        # a writer killed after its manifest went out may leave its (unheld) lock file
+        assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert steps >= 10  # every fsync and rename of three shards and the manifest
+
+
+def test_a_live_writer_holds_its_folder(tmp_path):
+    with StreamWriter(tmp_path / "ds") as writer:
+        writer.add_document([1, 2, 3])
+        with pytest.raises(FileExistsError, match="another writer"):
+            StreamWriter(tmp_path / "ds")
+    with pytest.raises(FileExistsError, match="already holds a dataset"):
+        StreamWriter(tmp_path / "ds")
+
+
+def test_local_put_replaces_whole(tmp_path):
+    out = publisher(tmp_path)
+    out.put("a.json", b"old")
+    out.put("a.json", b"new")
+    assert (tmp_path / "a.json").read_bytes() == b"new"
+    assert out.names() == ["a.json"]
+    with pytest.raises(ValueError, match="apply only to object-store URLs"):
+        publisher(tmp_path, config={})
+
+
+@pytest.mark.parametrize("kill_at", [2, -1])
+def test_remote_writer_killed_mid_upload(s3, kill_at):
+    """Shards (two files each) then the manifest: killed at the 2nd upload
+    (shards still in flight) and at the manifest's (-1)."""
+    url = s3.url("killed")
+    script = Path(__file__).with_name("kill_writer.py")
+    done = subprocess.run([sys.executable, str(script), url, str(kill_at), "5", s3.endpoint],
+                          timeout=120, check=False)
+    assert done.returncode == -signal.SIGKILL
+    options = s3.storage_options()
+    with pytest.raises(FileNotFoundError, match=f"{url}/manifest.json"):
+        open_dataset(url, storage_options=options)
+    write(url, seed=5, options=options)
+    assert verify(url, storage_options=options) == []
+    assert np.array_equal(_tokens(url, storage_options=options),
+                          _tokens_reference(s3, options))
+
+
+def _tokens_reference(s3, options) -> np.ndarray:
+    url = s3.url("reference")
+    write(url, seed=5, options=options)
+    return _tokens(url, storage_options=options)
