@@ -229,10 +229,6 @@ class ObjectStorage:
                             for meta in result["objects"]}
         return self._listed
 
-    def names(self) -> list[str]:
-        """The objects directly under the prefix, sorted (one LIST, cached)."""
-        return sorted(self._list())
-
     def size(self, name: str) -> int:
         """The size of ``name`` in bytes; ``FileNotFoundError`` naming its URL if absent."""
         size = self._list().get(name)
@@ -379,7 +375,7 @@ class ObjectStorage:
             self._store, source.key(name), self.key(target)), target, "copy")
 
     def names(self) -> list[str]:
-        """The names directly under the prefix (listed now)."""
+        """The objects directly under the prefix, sorted (one LIST, done now)."""
         self._listed = None
         return sorted(self._list())
 
