@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from kill_writer import arm, write
 
+from zerobatch import FormatError
 from zerobatch.storage.publish import publisher
 from zerobatch.stream import StreamWriter, open_dataset, verify
 from zerobatch.stream.manifest import MANIFEST
@@ -94,7 +95,7 @@ def test_remote_writer_killed_mid_upload(s3, kill_at):
                           timeout=120, check=False)
     assert done.returncode == -signal.SIGKILL
     options = s3.storage_options()
-    with pytest.raises(FileNotFoundError, match=f"{url}/manifest.json"):
+    with pytest.raises((FileNotFoundError, FormatError), match=f"{url}/manifest.json"):
         open_dataset(url, storage_options=options)
     write(url, seed=5, options=options)
     assert verify(url, storage_options=options) == []
