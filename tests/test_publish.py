@@ -4,6 +4,7 @@ a rerun cleans up what the dead writer left."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,8 @@ import pytest
 from kill_writer import arm, write
 
 from zerobatch import FormatError
+from zerobatch.batch_loader import BatchFileReader
+from zerobatch.batch_writer import write_batch_dataset
 from zerobatch.storage.publish import publisher
 from zerobatch.stream import StreamWriter, open_dataset, verify
 from zerobatch.stream.manifest import MANIFEST
@@ -107,3 +110,47 @@ def _tokens_reference(s3, options) -> np.ndarray:
     url = s3.url("reference")
     write(url, seed=5, options=options)
     return _tokens(url, storage_options=options)
+
+
+def _batches(folder: Path) -> list[np.ndarray]:
+    with BatchFileReader(folder) as reader:
+        return [reader.read_batch(i).copy() for i in range(reader.num_batches)]
+
+
+def test_batch_folder_rewrite_killed_at_every_step(tmp_path):
+    """Replacing a shard folder: at every fsync and rename the folder opens as
+    the old dataset or the new one, never nothing and never a mix."""
+    rng = np.random.default_rng(2)
+    old_tokens, new_tokens = rng.integers(0, 999, (96, 8)), rng.integers(0, 999, (80, 8))
+    write_batch_dataset(tmp_path / "old", iter(old_tokens), 96, 4, 8, 1, batches_per_shard=5)
+    write_batch_dataset(tmp_path / "new", iter(new_tokens), 80, 4, 8, 1, batches_per_shard=6)
+    old, new = _batches(tmp_path / "old"), _batches(tmp_path / "new")
+    for kill_at in range(1, 200):
+        folder = tmp_path / f"killed-{kill_at}"
+        write_batch_dataset(folder, iter(old_tokens), 96, 4, 8, 1, batches_per_shard=5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                arm(kill_at)
+                write_batch_dataset(folder, iter(new_tokens), 80, 4, 8, 1, batches_per_shard=6)
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        got = _batches(folder)
+        assert len(got) in (len(old), len(new))
+        want = old if len(got) == len(old) else new
+        assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+        if os.WIFEXITED(status):
+            assert os.WEXITSTATUS(status) == 0 and len(got) == len(new)
+            assert sorted(p.name for p in folder.iterdir() if p.name.endswith(".batch")) \
+                == sorted(f"{n}" for n in _shard_names(folder))
+            break
+    assert kill_at > 5
+
+
+def _shard_names(folder: Path) -> list[str]:
+    return [s["name"] for s in json.loads((folder / "manifest.json").read_text())["shards"]]

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
+import secrets
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import BinaryIO
 
 import numpy as np
 import numpy.typing as npt
@@ -33,6 +31,7 @@ from zerobatch.batch_format import (
     dtype_code,
 )
 from zerobatch.shuffle import Feistel
+from zerobatch.storage.publish import AtomicFile, publisher
 
 __all__ = ["write_batch_dataset", "write_batch_file"]
 
@@ -89,12 +88,16 @@ def write_batch_dataset(
     header = _plan_header(total_records, batch_size, seq_len, seed, dtype)
     output = Path(output_path)
     if batches_per_shard is None:
-        with _TemporaryFile(output) as (file, temporary):
+        out = publisher(output.parent)
+        file = out.file(output.name)
+        try:
             placer = _SlotWriter([file.fileno()], header, header.num_batches)
             placer.prepare([header])
             _place_records(placer, tokens_iter, header)
-            _finish(file)
-        os.replace(temporary, output)
+        except BaseException:
+            file.abort()
+            raise
+        file.commit()
         return header.num_batches
     if batches_per_shard < 1:
         raise ValueError(f"batches_per_shard must be >= 1, got {batches_per_shard}")
@@ -226,61 +229,36 @@ def _check_token_range(rows: np.ndarray, limit: int, first_record: int) -> None:
         )
 
 
-def _finish(file: BinaryIO) -> None:
-    file.flush()
-    os.fsync(file.fileno())
-
-
-class _TemporaryFile:
-    """An open temporary file beside ``target``, removed unless the block succeeds."""
-
-    def __init__(self, target: Path) -> None:
-        self.target = target
-
-    def __enter__(self) -> tuple[BinaryIO, str]:
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        fd, self.name = tempfile.mkstemp(prefix=f".{self.target.name}.", dir=self.target.parent)
-        self.file = os.fdopen(fd, "r+b")
-        return self.file, self.name
-
-    def __exit__(self, kind: object, error: object, trace: object) -> None:
-        self.file.close()
-        if kind is not None:
-            os.unlink(self.name)
-
-
 def _write_shards(
     output: Path, tokens_iter: Iterable[npt.ArrayLike], header: BatchHeader, per_shard: int
 ) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    """Publish a shard folder: new shards first (under names the old manifest
+    does not use), then the manifest in one atomic replace, then the old shards
+    go. A reader opening the folder at any instant sees the old dataset or the
+    new one."""
+    old = _old_shards(output)
+    counts = [
+        min(per_shard, header.num_batches - start)
+        for start in range(0, header.num_batches, per_shard)
+    ]
+    headers = [
+        BatchHeader(header.batch_size, header.seq_len, n, header.dtype, header.seed,
+                    n * header.batch_size)
+        for n in counts
+    ]
+    tag = "" if old is None else f"-{secrets.token_hex(4)}"  # never an old shard's name
+    names = [f"{i:05d}{tag}.batch" for i in range(len(counts))]
+    out = publisher(output)
+    files: list[AtomicFile] = []
+    committed = False
     try:
-        counts = [
-            min(per_shard, header.num_batches - start)
-            for start in range(0, header.num_batches, per_shard)
-        ]
-        headers = [
-            BatchHeader(
-                header.batch_size,
-                header.seq_len,
-                n,
-                header.dtype,
-                header.seed,
-                n * header.batch_size,
-            )
-            for n in counts
-        ]
-        names = [f"{i:05d}.batch" for i in range(len(counts))]
-        files = [open(staging / name, "w+b") for name in names]  # noqa: SIM115  # closed below
-        try:
-            placer = _SlotWriter([f.fileno() for f in files], header, per_shard)
-            placer.prepare(headers)
-            _place_records(placer, tokens_iter, header)
-            for file in files:
-                _finish(file)
-        finally:
-            for file in files:
-                file.close()
+        files = [out.file(name) for name in names]
+        placer = _SlotWriter([f.fileno() for f in files], header, per_shard)
+        placer.prepare(headers)
+        _place_records(placer, tokens_iter, header)
+        for file in files:
+            file.commit()
+        committed = True
         manifest = {
             "format": MANIFEST_FORMAT,
             "version": 1,
@@ -295,23 +273,34 @@ def _write_shards(
                 for name, h in zip(names, headers, strict=True)
             ],
         }
-        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
-        _swap_in(staging, output)
+        out.put(MANIFEST_NAME, (json.dumps(manifest, indent=2) + "\n").encode())
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        for file, name in zip(files, names, strict=False):
+            if committed:  # published, but no manifest names it
+                out.remove(name)
+            else:
+                file.abort()
         raise
+    for name in old or ():
+        if name not in names:
+            out.remove(name)
 
 
-def _swap_in(staging: Path, output: Path) -> None:
-    """Replace ``output`` by the finished ``staging`` folder; the old one is removed last."""
+def _old_shards(output: Path) -> list[str] | None:
+    """The shard names of the batch dataset at ``output``, None if there is none;
+    ``FileExistsError`` if ``output`` holds something else."""
     if not output.exists():
-        os.replace(staging, output)
-        return
-    if not output.is_dir() or (not (output / MANIFEST_NAME).exists() and any(output.iterdir())):
+        return None
+    manifest = output / MANIFEST_NAME
+    if not output.is_dir() or (not manifest.exists() and any(output.iterdir())):
         raise FileExistsError(
             f"{output} exists and is not a batch dataset folder; refusing to replace it"
         )
-    retired = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-    os.replace(output, retired / output.name)
-    os.replace(staging, output)
-    shutil.rmtree(retired, ignore_errors=True)
+    if not manifest.exists():
+        return None
+    try:
+        shards = json.loads(manifest.read_bytes()).get("shards", [])
+        return [str(entry["name"]) for entry in shards]
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise FileExistsError(f"{manifest} is not a readable batch manifest; refusing to "
+                              "replace the folder") from None

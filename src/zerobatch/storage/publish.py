@@ -5,7 +5,7 @@ a reader of the target sees the old content or the new one, never nothing and
 never a mix:
 
 - local (``LocalPublisher``): each file is written under a temporary name
-  beside its target (``.NAME.PID.tmp``), flushed, fsynced and renamed over the
+  beside its target (``.NAME.PID.RANDOM.tmp``), flushed, fsynced and renamed over the
   target; the folder is fsynced after the rename.
 - object store (``ObjectPublisher``): each file is staged on local disk,
   uploaded as it closes (concurrently with the writing of the next, by
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 TMP_SUFFIX = ".tmp"
-"""Temporary files of a local publish are named ``.NAME.PID.tmp``."""
+"""Temporary files of a local publish are named ``.NAME.PID.RANDOM.tmp``."""
 
 
 def fsync_folder(folder: Path) -> None:
@@ -62,12 +63,14 @@ def fsync_folder(folder: Path) -> None:
 
 
 class AtomicFile:
-    """A file written under a temporary name, hashed (xxh3-64) as written, and
-    renamed over ``path`` by ``commit()``; ``abort()`` removes it."""
+    """A file written under a temporary name and renamed over ``path`` by
+    ``commit()``; ``abort()`` removes it. The digest covers the bytes given to
+    ``write``; bytes written through ``fileno()`` (``pwrite``) count in the
+    size only."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.tmp = path.with_name(f".{path.name}.{os.getpid()}{TMP_SUFFIX}")
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
         self._file = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
         self._hash = xxhash.xxh3_64()
         self.size = 0
@@ -79,11 +82,16 @@ class AtomicFile:
         self._hash.update(raw)
         self.size += len(memoryview(raw).cast("B"))
 
+    def fileno(self) -> int:
+        """The temporary file's descriptor, for positioned writes."""
+        return self._file.fileno()
+
     def _close(self) -> tuple[int, str]:
         self._file.flush()
         os.fsync(self._file.fileno())
+        size = os.fstat(self._file.fileno()).st_size
         self._file.close()
-        return self.size, self._hash.hexdigest()
+        return size, self._hash.hexdigest()
 
     def commit(self) -> tuple[int, str]:
         """Flush, fsync, rename over the target; returns (bytes, xxh3-64 hex)."""
@@ -159,6 +167,7 @@ class LocalPublisher:
         self._lock = descriptor
 
     def file(self, name: str) -> AtomicFile:
+        """A new file ``name``, published by its ``commit()``."""
         return AtomicFile(self.folder / name)
 
     def put(self, name: str, data: bytes) -> None:

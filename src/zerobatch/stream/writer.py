@@ -37,8 +37,8 @@ from zerobatch.stream.serializers import get_serializer, serializer_name
 __all__ = ["DEFAULT_SHARD_TOKENS", "StreamWriter"]
 
 _LEFTOVER = re.compile(
-    r"^\.?\d{5,}\.(tokens|docs|meta\.index|meta\.data)(\.\d+\.tmp)?$"
-    r"|^\.manifest\.json\.\d+\.tmp$"
+    r"^\.?\d{5,}\.(tokens|docs|meta\.index|meta\.data)(\.\d+\.[0-9a-f]+\.tmp)?$"
+    r"|^\.manifest\.json\.\d+\.[0-9a-f]+\.tmp$"
 )
 
 DEFAULT_SHARD_TOKENS = 1 << 28

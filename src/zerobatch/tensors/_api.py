@@ -40,14 +40,18 @@ def save_with_checksum(tensors: Mapping[str, Any], metadata: Mapping[str, str] |
 
 
 def save_file(tensors: Mapping[str, Any], path: str | os.PathLike[str],
-              metadata: Mapping[str, str] | None = None, *, format: str = BINTENSORS) -> None:
-    """Write ``tensors`` to ``path`` atomically: a temporary file in the same
-    folder is written, then renamed over ``path``. Nothing is written when
-    any tensor is invalid. Contiguous little-endian arrays are written from
-    their own memory with ``os.writev``, without a copy."""
+              metadata: Mapping[str, str] | None = None, *, format: str = BINTENSORS,
+              storage_options: Mapping[str, Any] | None = None) -> None:
+    """Write ``tensors`` to ``path`` atomically (``zerobatch.storage.publish``):
+    locally a temporary file in the same folder is written, fsynced, then
+    renamed over ``path``; an object-store URL (``storage_options`` as for
+    ``open_storage``) is uploaded whole. Nothing is written when any tensor is
+    invalid. Contiguous little-endian arrays are written from their own memory
+    with ``os.writev``, without a copy."""
     planned, entries = plan(tensors, metadata, format)
     head = encode_header(format, None if metadata is None else dict(metadata), entries)
-    write_atomic(path, [head, *(item.data for item in planned)])
+    write_atomic(path, [head, *(item.data for item in planned)],
+                 storage_options=storage_options)
 
 
 def load(data: bytes | bytearray, framework: str = "np") -> dict[str, Any]:
@@ -71,11 +75,14 @@ def load(data: bytes | bytearray, framework: str = "np") -> dict[str, Any]:
 
 
 def load_file(path: str | os.PathLike[str], framework: str = "np",
-              device: str | int = "cpu", *, backend: str = "mmap") -> dict[str, Any]:
-    """All tensors in the file at ``path`` (or a binary file object), in file
-    order; zero-copy on the CPU with ``backend="mmap"``, one read per tensor
-    with ``"pread"``."""
-    with safe_open(path, framework, device, backend=backend) as file:
+              device: str | int = "cpu", *, backend: str = "mmap",
+              storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """All tensors in the file at ``path`` (a binary file object, or an
+    object-store URL read with ``storage_options``), in file order; zero-copy
+    on the CPU with ``backend="mmap"``, one read per tensor with ``"pread"``
+    (and for URLs)."""
+    with safe_open(path, framework, device, backend=backend,
+                   storage_options=storage_options) as file:
         return file.get_tensors()
 
 

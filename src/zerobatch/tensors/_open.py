@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import ModuleType, TracebackType
 from typing import Any
 
@@ -75,23 +76,28 @@ class TensorSlice:
 class safe_open:
     """Open a bintensors or safetensors file (detected from its bytes).
 
-    ``filename`` is a path or a binary file object (read from its start; the
-    caller keeps it open). ``framework`` is ``"np"``/``"numpy"``,
-    ``"pt"``/``"torch"`` or ``"jax"``/``"flax"``. ``backend="mmap"`` maps the
-    file once and hands out views (read-only for NumPy and JAX,
-    copy-on-write for PyTorch: writes never reach the file); ``"pread"``
-    reads each tensor into its own writable memory. The header is parsed and
-    checked completely here. Every call on a closed handle raises
-    ``SafetensorError``; tensors and slices already returned stay valid.
-    Reads may run from several threads; closing while another thread reads
+    ``filename`` is a path, a binary file object (read from its start; the
+    caller keeps it open) or an object-store URL (``s3://``, ``gs://``,
+    ``az://``; ``storage_options`` as for ``zerobatch.storage.open_storage``):
+    one range GET reads the header, one more each tensor asked for.
+    ``framework`` is ``"np"``/``"numpy"``, ``"pt"``/``"torch"`` or
+    ``"jax"``/``"flax"``. ``backend="mmap"`` maps the file once and hands out
+    views (read-only for NumPy and JAX, copy-on-write for PyTorch: writes
+    never reach the file); ``"pread"`` reads each tensor into its own
+    writable memory. The header is parsed and checked completely here. Every
+    call on a closed handle raises ``SafetensorError``; tensors and slices
+    already returned stay valid. Reads may run from several threads; closing
+    while another thread reads
     is not safe.
     """
 
     def __init__(self, filename: Any, framework: str, device: str | int = "cpu", *,
-                 backend: str = "mmap") -> None:
+                 backend: str = "mmap", storage_options: Mapping[str, Any] | None = None
+                 ) -> None:
         self._adapter = adapter(framework)
         self._device = self._adapter.check_device(device)
-        self._source: Source | None = open_source(filename, backend, self._adapter.ACCESS)
+        self._source: Source | None = open_source(filename, backend, self._adapter.ACCESS,
+                                                  storage_options)
         self._path = self._source.label
         try:
             self._header: Header = read_header_at(self._source.read, self._source.size,

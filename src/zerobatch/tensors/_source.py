@@ -11,9 +11,11 @@ from __future__ import annotations
 import io
 import mmap
 import os
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from zerobatch.errors import FormatError
+from zerobatch.storage.url import is_url
 from zerobatch.tensors._errors import SafetensorError
 
 __all__ = ["BACKENDS", "Source", "open_source"]
@@ -104,6 +106,45 @@ class _InMemory:
         self._data = bytearray()
 
 
+class _Object:
+    """A file in an object store (``s3://``, ``gs://``, ``az://``): the first
+    ``HEAD_BYTES`` in one range GET (the header, usually), then one range GET
+    per tensor into its own writable memory."""
+
+    HEAD_BYTES = 1 << 16
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any]) -> None:
+        from zerobatch.storage import ObjectStorage
+
+        folder, _, name = url.rstrip("/").rpartition("/")
+        self.label = url
+        self._storage = ObjectStorage(folder, **storage_options)
+        try:
+            self._handle = self._storage.open(name)
+        except BaseException:
+            self._storage.close()
+            raise
+        self.size = self._storage.size(name)
+        self._head: bytearray | None = None
+
+    def read(self, begin: int, end: int) -> bytes:
+        if self._head is None:
+            self._head = bytearray(min(self.size, self.HEAD_BYTES))
+            self._storage.readinto(self._handle, 0, self._head)
+        if end <= len(self._head):
+            return bytes(self._head[begin:end])
+        return bytes(self.span(begin, end)[0])
+
+    def span(self, begin: int, end: int) -> tuple[Any, int]:
+        buffer = bytearray(end - begin)
+        if self._storage.readinto(self._handle, begin, buffer) != len(buffer):
+            raise OSError(f"{self.label}: object shrank while reading bytes {begin}..{end}")
+        return buffer, 0
+
+    def close(self) -> None:
+        self._storage.close()
+
+
 def _descriptor_of(file: Any) -> int | None:
     try:
         return int(file.fileno())
@@ -111,13 +152,18 @@ def _descriptor_of(file: Any) -> int | None:
         return None
 
 
-def open_source(target: Any, backend: str, access: int) -> Source:
-    """The source for ``target``: a path (str, bytes, ``os.PathLike``) or a
-    binary file object (read from its start; the caller keeps it open and
-    owns it). ``access`` is the mmap access for the ``"mmap"`` backend."""
+def open_source(target: Any, backend: str, access: int,
+                storage_options: Mapping[str, Any] | None = None) -> Source:
+    """The source for ``target``: a path (str, bytes, ``os.PathLike``), an
+    object-store URL (``s3://``, ``gs://``, ``az://``; read by range GETs with
+    ``storage_options``, whatever the backend) or a binary file object (read
+    from its start; the caller keeps it open and owns it). ``access`` is the
+    mmap access for the ``"mmap"`` backend."""
     if backend not in BACKENDS:
         raise SafetensorError(f"backend {backend!r} is invalid: expected one of {BACKENDS}",
                               field="backend")
+    if isinstance(target, str) and is_url(target):
+        return _Object(target, storage_options or {})
     if isinstance(target, (str, bytes, os.PathLike)):
         label = os.fsdecode(target)
         descriptor = os.open(target, os.O_RDONLY)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import secrets
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from functools import cache
 from typing import Any
+
+from zerobatch.storage.publish import AtomicFile, publisher
+from zerobatch.storage.url import is_url
 
 __all__ = ["write_atomic"]
 
@@ -77,21 +79,32 @@ def _drain(descriptor: int, batch: list[memoryview]) -> None:
             batch[0] = batch[0][written:]
 
 
-def write_atomic(path: str | os.PathLike[str], buffers: Sequence[Any]) -> None:
-    """Write ``buffers`` (bytes-likes, in order) as the file at ``path``: a
-    temporary file in the same folder is written, then renamed over ``path``;
-    on any error it is removed and ``path`` is untouched."""
-    path = os.fspath(path)
-    folder, name = os.path.split(os.path.abspath(path))
-    temporary = os.path.join(folder, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+def write_atomic(path: str | os.PathLike[str], buffers: Sequence[Any], *,
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+    """Publish ``buffers`` (bytes-likes, in order) as the file at ``path``
+    through ``zerobatch.storage.publish``: locally a temporary file in the same
+    folder is written by ``writev``, fsynced and renamed over ``path`` (on any
+    error it is removed and ``path`` is untouched); an object-store URL
+    (``storage_options`` as for ``open_storage``) is uploaded whole."""
+    location = os.fspath(path)
+    if is_url(location):
+        folder, _, name = location.rstrip("/").rpartition("/")
+    else:
+        folder, name = os.path.split(os.path.abspath(location))
+    out = publisher(folder, **(storage_options or {}))
     try:
+        file = out.file(name)
         try:
-            _reserve(descriptor, sum(memoryview(buffer).nbytes for buffer in buffers))
-            _write_all(descriptor, buffers)
-        finally:
-            os.close(descriptor)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
+            if isinstance(file, AtomicFile):
+                _reserve(file.fileno(), sum(memoryview(b).nbytes for b in buffers))
+                _write_all(file.fileno(), buffers)
+            else:
+                for piece in _pieces(buffers):
+                    file.write(piece)
+        except BaseException:
+            file.abort()
+            raise
+        file.commit()
+        out.wait()
+    finally:
+        out.close()
