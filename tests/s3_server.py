@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import http.client
+import json
 import logging
 import random
 import socket
@@ -106,7 +107,8 @@ class FaultProxy:
     ``with proxy.faults(rate=0.2, kinds=("503", "reset", "delay")):`` makes that
     fraction of requests fail (seeded, so a run is repeatable); ``latency``
     seconds are added to every request. ``requests`` lists (method, path,
-    Range header) of every request forwarded; ``reset_counts()`` clears it.
+    Range header) of every request forwarded (``GET /__requests__`` answers it
+    as JSON); ``reset_counts()`` clears it.
     """
 
     def __init__(self, target: str) -> None:
@@ -125,6 +127,14 @@ class FaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
+                if self.path == "/__requests__":  # the log, for a benchmark in another process
+                    with proxy.lock:
+                        payload = json.dumps(proxy.requests).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
                 fault = proxy._draw()
                 if proxy.state.latency:
                     time.sleep(proxy.state.latency)

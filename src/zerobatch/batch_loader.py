@@ -29,6 +29,7 @@ from zerobatch.batch_format import (
 )
 from zerobatch.errors import FormatError
 from zerobatch.shuffle import BlockShuffle
+from zerobatch.storage import is_url, open_storage
 
 if TYPE_CHECKING:
     import torch
@@ -111,6 +112,47 @@ class _Shard:
         os.close(self.fd)
 
 
+class _RemoteBatches:
+    """The batches of a shard in an object store: one range GET per batch."""
+
+    def __init__(self, storage: Any, handle: int, header: BatchHeader, url: str) -> None:
+        self._storage, self._handle, self._header, self._url = storage, handle, header, url
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        h = self._header
+        raw = np.empty(h.batch_size * h.seq_len * h.token_dtype.itemsize, dtype=np.uint8)
+        if self._storage.readinto(self._handle, h.batch_offset(index), raw) != raw.size:
+            raise FormatError(f"batch {index} is cut short; truncated or replaced while "
+                              "open?", path=self._url, field="bytes")
+        batch = raw.view(h.token_dtype).reshape(h.batch_size, h.seq_len)
+        batch.setflags(write=False)
+        return batch
+
+
+class _RemoteShard:
+    """One ``.batch`` object: its header (one range GET) and its batches."""
+
+    def __init__(self, storage: Any, name: str, url: str) -> None:
+        self.path = url
+        handle = storage.open(name)
+        head = bytearray(HEADER_SIZE)
+        got = storage.readinto(handle, 0, head)
+        self.header = BatchHeader.unpack(bytes(head[:got]), path=url)
+        self.header.check_file_size(storage.size(name), path=url)
+        self.batches: Any = _RemoteBatches(storage, handle, self.header, url)
+        self.map = None
+
+    def private_batch(self, index: int) -> np.ndarray:
+        """Batch ``index`` as a writable int32 copy."""
+        return self.batches[index].astype(np.dtype("<i4"))
+
+    def discard_private_writes(self) -> None:
+        """Nothing to discard: private batches are copies."""
+
+    def close(self) -> None:
+        """Nothing to release (the storage is closed by the reader)."""
+
+
 def is_batch_file(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a file starting with the LLMBATCH magic (or a batch shard folder)."""
     path = Path(path)
@@ -136,9 +178,24 @@ def _read_manifest_format(path: Path) -> str | None:
 
 
 def _shard_path(folder: Path, entry: Any, position: int, manifest: Path) -> Path:
-    """The path of shard ``position`` after checking its name: a printable
-    ``*.batch`` file name (no separator, NUL or control character, at most 255
-    UTF-8 bytes) of a regular file in ``folder``."""
+    """The path of shard ``position`` after checking its name (``_shard_name``)
+    names a regular file in ``folder``."""
+    name = _shard_name(entry, position, manifest)
+    where = f"shards[{position}].name"
+    path = folder / name
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise FormatError(f"shard {name!r} cannot be opened ({error.strerror})",
+                          path=path, field=where) from None
+    if not stat.S_ISREG(mode):
+        raise FormatError(f"shard {name!r} is not a regular file", path=path, field=where)
+    return path
+
+
+def _shard_name(entry: Any, position: int, manifest: object) -> str:
+    """The name of shard ``position``: a printable ``*.batch`` file name (no
+    separator, NUL or control character, at most 255 UTF-8 bytes)."""
     name = entry.get("name") if isinstance(entry, dict) else None
     where = f"shards[{position}].name"
     ok = (isinstance(name, str) and name.isprintable() and name.endswith(".batch")
@@ -150,15 +207,7 @@ def _shard_path(folder: Path, entry: Any, position: int, manifest: Path) -> Path
     if not ok:
         raise FormatError(f"expected a plain '*.batch' file name, found {name!r:.80}",
                           path=manifest, field=where)
-    path = folder / name  # type: ignore[operator]
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as error:
-        raise FormatError(f"shard {name!r} cannot be opened ({error.strerror})",
-                          path=path, field=where) from None
-    if not stat.S_ISREG(mode):
-        raise FormatError(f"shard {name!r} is not a regular file", path=path, field=where)
-    return path
+    return str(name)
 
 
 def _load_manifest(folder: Path) -> tuple[dict[str, Any], list[Path]]:
@@ -170,6 +219,14 @@ def _load_manifest(folder: Path) -> tuple[dict[str, Any], list[Path]]:
     except OSError as error:
         raise FormatError(f"cannot be read ({error.strerror}): not a batch shard folder, or "
                           "not fully written", path=path, field="manifest") from None
+    manifest = _check_manifest(raw, path)
+    paths = [_shard_path(folder, entry, position, path)
+             for position, entry in enumerate(manifest["shards"])]
+    return manifest, paths
+
+
+def _check_manifest(raw: bytes, path: object) -> dict[str, Any]:
+    """Parse and check the bytes of a shard manifest (shard names unchecked)."""
     manifest = load_json(raw, path=path, field="manifest", max_bytes=_MAX_MANIFEST_BYTES)
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
         raise FormatError(f"expected format {MANIFEST_FORMAT!r}", path=path, field="format")
@@ -193,8 +250,7 @@ def _load_manifest(folder: Path) -> tuple[dict[str, Any], list[Path]]:
     shards = manifest.get("shards")
     if not isinstance(shards, list) or not shards:
         raise FormatError("expected a non-empty list of shards", path=path, field="shards")
-    paths = [_shard_path(folder, entry, position, path) for position, entry in enumerate(shards)]
-    return manifest, paths
+    return manifest
 
 
 class BatchFileReader:
@@ -209,9 +265,18 @@ class BatchFileReader:
     (tokens), ``dtype`` (stored token dtype), ``seed``, ``total_records``.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        self._shards: list[_Shard] = []
+    def __init__(self, path: str | os.PathLike[str], *,
+                 storage_options: dict[str, Any] | None = None) -> None:
+        self.path: Any = str(path) if is_url(path) else Path(path)
+        self._storage: Any = None
+        if isinstance(self.path, str):
+            folder, _, name = self.path.rstrip("/").rpartition("/")
+            self._storage = open_storage(folder if name.endswith(".batch") else self.path,
+                                         **(storage_options or {}))
+        elif storage_options:
+            raise ValueError(f"{path!r} is a local path; storage_options apply only to "
+                             "object-store URLs")
+        self._shards: list[Any] = []
         try:
             self._open()
         except BaseException:
@@ -227,6 +292,9 @@ class BatchFileReader:
         self._closed = False
 
     def _open(self) -> None:
+        if isinstance(self.path, str):
+            self._open_remote()
+            return
         if not self.path.is_dir():
             shard = _Shard(self.path)
             self._shards.append(shard)
@@ -235,9 +303,35 @@ class BatchFileReader:
             self.total_records = shard.header.total_records
             return
         manifest, paths = _load_manifest(self.path)
-        manifest_path = self.path / MANIFEST_NAME
-        for position, shard_path in enumerate(paths):
-            shard = _Shard(shard_path)
+        self._check_shards(manifest, self.path / MANIFEST_NAME, [
+            lambda p=p: _Shard(p) for p in paths])
+
+    def _open_remote(self) -> None:
+        """A ``.batch`` object or a shard-folder prefix, through ``self._storage``."""
+        url, storage = self.path, self._storage
+        if url.endswith(".batch"):
+            shard = _RemoteShard(storage, url.rpartition("/")[2], url)
+            self._shards.append(shard)
+            self.num_batches = shard.header.num_batches
+            self.seed = shard.header.seed
+            self.total_records = shard.header.total_records
+            return
+        manifest_path = f"{url.rstrip('/')}/{MANIFEST_NAME}"
+        if storage.size(MANIFEST_NAME) > _MAX_MANIFEST_BYTES:
+            raise FormatError(f"larger than {_MAX_MANIFEST_BYTES} bytes", path=manifest_path,
+                              field="manifest")
+        manifest = _check_manifest(storage.map(MANIFEST_NAME).tobytes(), manifest_path)
+        names = [_shard_name(entry, i, manifest_path)
+                 for i, entry in enumerate(manifest["shards"])]
+        self._check_shards(manifest, manifest_path, [
+            lambda n=n: _RemoteShard(storage, n, f"{url.rstrip('/')}/{n}") for n in names])
+
+    def _check_shards(self, manifest: dict[str, Any], manifest_path: object,
+                      openers: list[Any]) -> None:
+        """Open every shard (``openers``) and check it against the manifest."""
+        for position, opener in enumerate(openers):
+            shard = opener()
+            shard_path = shard.path
             self._shards.append(shard)
             h = shard.header
             expected = manifest["shards"][position].get("num_batches")
@@ -342,6 +436,8 @@ class BatchFileReader:
         end = min(start + count, self.num_batches)
         while start < end:
             shard, local = self._locate(start)
+            if shard.map is None:  # an object-store shard: reads are range GETs
+                return
             run = min(end - start, shard.header.num_batches - local)
             shard.map.madvise(
                 mmap.MADV_WILLNEED, shard.header.batch_offset(local), run * self.padded_batch_bytes
@@ -352,6 +448,8 @@ class BatchFileReader:
         """Unmap and close every shard. Views already handed out stay valid."""
         for shard in self._shards:
             shard.close()
+        if self._storage is not None:
+            self._storage.close()
         self._shards = []
         self._single = None
         self._closed = True
@@ -395,6 +493,7 @@ class BatchNativeLoader:
         dtype: torch.dtype | None = None,
         output: Literal["torch", "numpy"] = "torch",
         readahead_bytes: int = 32 * 2**20,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -406,7 +505,7 @@ class BatchNativeLoader:
             raise ValueError(f"output must be 'torch' or 'numpy', got {output!r}")
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.reader = BatchFileReader(path)
+        self.reader = BatchFileReader(path, storage_options=storage_options)
         self.block_size = block_size
         self.shuffle = shuffle
         self.seed = seed
