@@ -167,6 +167,7 @@ class ShardDataset:
         self._windows = self._tokens.windows(T, dtype=dtype)
         self._rows = dp * batch_size  # windows per step, all replicas
         if len(self._windows) < self._rows:
+            self._tokens.close()
             raise ValueError(f"{bucket_name}/{id} holds {len(self._windows)} windows of {T} "
                              f"tokens, fewer than one step ({self._rows} = dp * batch_size)")
         self._epoch = 0
