@@ -1,4 +1,13 @@
-"""The batch service on loopback: FieldStore against TransferQueue 0.1.11.
+"""The batch service on loopback: BatchServer vs the in-process Loader, FieldStore vs
+TransferQueue 0.1.11.
+
+BatchServer: shuffled windows of 2,048 tokens, batch 32, from a token-stream
+dataset of ``--tokens`` uint16 tokens (warm page cache), as numpy batches
+(input_ids, labels, position_ids, ... as the source makes them). One
+BatchServer process; 1, 2 and 4 BatchClient processes (ranks of one
+world_size) receive ``--steps`` batches in all; batches/s and GB/s count all
+clients together over the wall time from a shared start. The baseline is the
+in-process ``Loader`` on the same source, same run.
 
 FieldStore round trip, seed 002's case: one batch of B = 1,024 samples and
 F = 10 fields (six dense float32[128], two jagged float32 of 1 to 256 items,
@@ -13,7 +22,7 @@ limit is ``np.copyto`` of the batch's bytes twice (in and out), same run.
 Times are the median of the rounds; compare the ratios, not absolute times.
 Runs without transferqueue or ray (then prints zerobatch alone, with a note).
 
-Usage: python benchmarks/service.py [--rounds 20]
+Usage: python benchmarks/service.py [--rounds 20] [--tokens 20_000_000] [--steps 200]
 """
 
 from __future__ import annotations
@@ -36,6 +45,109 @@ from zerobatch.columnar import Batch, BatchMeta
 from zerobatch.service import FieldStore, FieldStoreServer
 
 SPAWN = multiprocessing.get_context("spawn")
+
+
+SEQ_LEN = 2048
+BATCH = 32
+
+
+def _write_dataset(path: str, tokens: int) -> None:
+    from zerobatch.stream import StreamWriter
+
+    rng = np.random.default_rng(0)
+    with StreamWriter(path) as writer:
+        written = 0
+        while written < tokens:
+            n = int(rng.integers(200, 3000))
+            writer.add_document(rng.integers(0, 50_000, size=n, dtype=np.uint16))
+            written += n
+
+
+def _windows(path: str) -> Any:
+    from zerobatch.stream import open_dataset
+
+    return open_dataset(path).windows(SEQ_LEN)
+
+
+def _serve_batches(path: str, queue: Any) -> None:
+    from zerobatch.service import BatchServer
+
+    server = BatchServer(_windows(path), "tcp://127.0.0.1:*")
+    queue.put(server.address)
+    server.serve()
+
+
+def _nbytes(batch: dict[str, Any]) -> int:
+    return sum(v.nbytes for v in batch.values() if isinstance(v, np.ndarray))
+
+
+def _client(address: str, rank: int, world: int, steps: int, barrier: Any, queue: Any) -> None:
+    from zerobatch.service import BatchClient
+
+    with BatchClient(address, BATCH, rank=rank, world_size=world, output="numpy") as client:
+        iterator = iter(client)
+        next(iterator)  # connected and warm
+        barrier.wait()
+        size = 0
+        for _ in range(steps):
+            size += _nbytes(next(iterator))
+        queue.put((time.perf_counter(), size))
+
+
+def server_table(tokens: int, steps: int) -> list[str]:
+    import tempfile
+
+    from zerobatch import Loader
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "corpus")
+        _write_dataset(path, tokens)
+        windows = _windows(path)
+        rows: list[tuple[str, int, int, float]] = []
+        with Loader(windows, BATCH, output="numpy") as loader:
+            iterator = iter(loader)
+            next(iterator)
+            t0, size = time.perf_counter(), 0
+            for _ in range(steps):
+                size += _nbytes(next(iterator))
+            rows.append(("in-process Loader", steps, size, time.perf_counter() - t0))
+        queue = SPAWN.Queue()
+        server = SPAWN.Process(target=_serve_batches, args=(path, queue), daemon=True)
+        server.start()
+        try:
+            address = queue.get(timeout=120)
+            for clients in (1, 2, 4):
+                barrier = SPAWN.Barrier(clients + 1)
+                done = SPAWN.Queue()
+                each = steps // clients
+                procs = [
+                    SPAWN.Process(target=_client, args=(address, r, clients, each, barrier, done))
+                    for r in range(clients)
+                ]
+                for p in procs:
+                    p.start()
+                barrier.wait()
+                t0 = time.perf_counter()
+                results = [done.get(timeout=600) for _ in procs]
+                for p in procs:
+                    p.join()
+                seconds = max(t for t, _ in results) - t0
+                label = f"BatchServer, {clients} client{'s' if clients > 1 else ''}"
+                rows.append((label, each * clients, sum(s for _, s in results), seconds))
+        finally:
+            server.kill()
+            server.join()
+    base = rows[0][1] / rows[0][3]
+    lines = [
+        f"BatchServer on loopback: windows of {SEQ_LEN} tokens, batch {BATCH}, {tokens:,} tokens, "
+        f"{steps} batches per row\n",
+        "| reader | batches/s | GB/s | vs in-process Loader |",
+        "| --- | --- | --- | --- |",
+    ]
+    for label, count, size, seconds in rows:
+        rate = count / seconds
+        lines.append(f"| {label} | {rate:,.0f} | {size / seconds / 1e9:.2f} | {rate / base:.2f}× |")
+    return lines
 
 
 def _serve_fieldstore(queue: Any) -> None:
@@ -178,7 +290,11 @@ def fieldstore_table(rounds: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=20, help="timed round trips per system")
+    parser.add_argument("--tokens", type=int, default=20_000_000, help="dataset size (tokens)")
+    parser.add_argument("--steps", type=int, default=200, help="batches per BatchServer row")
     args = parser.parse_args()
+    print("\n".join(server_table(args.tokens, args.steps)))
+    print()
     print("\n".join(fieldstore_table(args.rounds)))
 
 

@@ -54,3 +54,13 @@ def produce(address: str, partition: str, group: str, count: int, seed: int) -> 
                 chosen, partition_ids=partition, production_status=np.ones(len(chosen))
             )
             store.put(Batch.from_columns(sample_columns(chosen, group), meta), partition)
+
+
+def serve_batches(path: str, seq_len: int, address: str, queue: Any, **options: Any) -> None:
+    """Run a BatchServer over ``path``'s windows; report its bound address on ``queue``."""
+    from zerobatch.service import BatchServer
+    from zerobatch.stream import open_dataset
+
+    server = BatchServer(open_dataset(path).windows(seq_len), address, **options)
+    queue.put(server.address)
+    server.serve()

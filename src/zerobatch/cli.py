@@ -142,6 +142,15 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--seq-len", type=int, default=2048)
     bench.add_argument("--batch-size", type=int, default=16)
     bench.add_argument("--seconds", type=float, default=2.0)
+    serve = _command(commands, "serve", "serve a dataset's batches over ZeroMQ (BatchServer)",
+                     "zerobatch serve data --seq-len 2048 --bind tcp://127.0.0.1:5555")
+    serve.add_argument("path", help="dataset folder or URL")
+    serve.add_argument("--bind", default="tcp://127.0.0.1:5555", help="address to listen on")
+    serve.add_argument("--seq-len", type=int,
+                       help="windows of this many tokens (default: one per document)")
+    serve.add_argument("--curve-keys", type=Path, help="the server's zmq.auth secret key file")
+    serve.add_argument("--insecure", action="store_true",
+                       help="allow a non-loopback address without CURVE keys")
     return parser
 
 
@@ -166,6 +175,11 @@ def _run(args: argparse.Namespace) -> int:
 
         print(bench(args.path, seq_len=args.seq_len, batch_size=args.batch_size,
                     seconds=args.seconds).table())
+    elif args.command == "serve":
+        from zerobatch.service.batches import serve_dataset
+
+        serve_dataset(args.path, args.bind, seq_len=args.seq_len, curve_keys=args.curve_keys,
+                      insecure=args.insecure)
     return 0
 
 

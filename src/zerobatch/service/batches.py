@@ -1,0 +1,186 @@
+"""``BatchServer``: any Loader source served over ZeroMQ, stateless.
+
+A request names the plan (``seed``, ``epoch``, global position ``consumed``,
+``rank``, ``world_size``, ``batch_size``, ``shuffle``, ``drop_last``,
+``block_size``); the reply is that rank's batch at that position, as the
+F + 1 frames of :meth:`Batch.to_frames`, computed with :class:`zerobatch.plan.Plan`.
+The server keeps no per-client state, so many servers can serve the same
+dataset and any of them can answer any request.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Collection
+from typing import Any
+
+import numpy as np
+
+from zerobatch.columnar.wire import expect
+from zerobatch.errors import FormatError
+from zerobatch.service._transport import CurveKeys, Server
+
+__all__ = ["PLAN_KEYS", "BatchServer", "serve_dataset"]
+
+PLAN_KEYS: dict[str, type | tuple[type, ...]] = {
+    "seed": int,
+    "epoch": int,
+    "consumed": int,
+    "rank": int,
+    "world_size": int,
+    "batch_size": int,
+    "shuffle": bool,
+    "drop_last": bool,
+    "block_size": (int, type(None)),
+}
+"""The keys of a ``batch`` request and their msgpack types."""
+
+_PLANS_KEPT = 16
+_MAX_WORLD_SIZE = 1 << 20
+
+
+class BatchServer(Server):
+    """Serves ``source`` (``len`` and ``read(indices) -> Batch``) until :meth:`stop`.
+
+    Args:
+        source: any Loader source: TokenWindows, Documents, a batch file reader...
+        address: where to bind (``tcp://127.0.0.1:0``-style picks a free port;
+            ``server.address`` is the bound endpoint). Other interfaces than
+            loopback need ``curve`` unless ``insecure=True`` (which logs a warning).
+        curve: the server's CURVE key pair; clients then need its public key.
+        allowed_clients: CURVE public keys allowed to connect (None: any client
+            that knows the server key).
+        max_message_bytes: the largest request accepted (requests are small headers).
+        max_batch_size: the largest ``batch_size`` a request may ask for (rows).
+
+    Ops: ``info`` answers ``length`` and ``fingerprint``; ``batch`` answers one
+    batch. A ``padding`` key (bin, one byte per row) is in a batch reply when
+    the plan padded rows (``drop_last=False`` at the end of an epoch).
+    Thread safety: serve from one thread; ``source.read`` is only called there.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        address: str = "tcp://127.0.0.1:5555",
+        *,
+        curve: CurveKeys | None = None,
+        allowed_clients: Collection[bytes] | None = None,
+        insecure: bool = False,
+        max_message_bytes: int = 1 << 20,
+        max_batch_size: int = 1 << 16,
+    ) -> None:
+        self.source = source
+        self.max_batch_size = max_batch_size
+        self._length = len(source)
+        self._plans: OrderedDict[tuple, Any] = OrderedDict()
+        super().__init__(
+            address,
+            self._handle,
+            curve=curve,
+            allowed_clients=allowed_clients,
+            insecure=insecure,
+            max_message_bytes=max_message_bytes,
+        )
+
+    def _handle(self, header: dict[str, Any], payload: list[memoryview]) -> tuple[dict, list]:
+        op = expect(header, "op", str, where="header", field="op")
+        if payload:
+            raise FormatError(f"{op} takes no payload, found {len(payload)} frames", path="frame 1")
+        if op == "info":
+            return {"length": self._length, "fingerprint": _fingerprint(self.source)}, []
+        if op != "batch":
+            raise FormatError(
+                f"unknown op {op!r}; expected info or batch", path="header", field="op"
+            )
+        args = {
+            key: expect(header, key, kind, where="header", field=key)
+            for key, kind in PLAN_KEYS.items()
+        }
+        if not 1 <= args["batch_size"] <= self.max_batch_size:
+            raise ValueError(f"batch_size {args['batch_size']} outside [1, {self.max_batch_size}]")
+        if not 0 <= args["rank"] < args["world_size"] <= _MAX_WORLD_SIZE:
+            raise ValueError(
+                f"rank {args['rank']} outside [0, world_size={args['world_size']}) or "
+                f"world_size above {_MAX_WORLD_SIZE}"
+            )
+        plan = self._plan(args)
+        steps_total = plan.steps(0)
+        consumed = args["consumed"]
+        if consumed < 0 or consumed % plan.step_size or consumed // plan.step_size >= steps_total:
+            raise ValueError(
+                f"consumed={consumed} is not the start of one of the epoch's {steps_total} steps "
+                f"of {plan.step_size} positions"
+            )
+        indices, padding = plan.indices(args["epoch"], consumed, args["rank"])
+        batch = self.source.read(indices)
+        reply: dict[str, Any] = {}
+        if padding is not None and np.any(padding):
+            reply["padding"] = np.asarray(padding, dtype=np.bool_).tobytes()
+        return reply, batch.to_frames()
+
+    def _plan(self, args: dict[str, Any]) -> Any:
+        """The Plan for these arguments (the last few are kept; building one is cheap)."""
+        from zerobatch.plan import Plan
+
+        key = (
+            args["batch_size"],
+            args["world_size"],
+            args["seed"],
+            args["shuffle"],
+            args["drop_last"],
+            args["block_size"],
+        )
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = Plan(
+                self._length,
+                args["batch_size"],
+                world_size=args["world_size"],
+                seed=args["seed"],
+                shuffle=args["shuffle"],
+                drop_last=args["drop_last"],
+                block_size=args["block_size"],
+            )
+            self._plans[key] = plan
+            if len(self._plans) > _PLANS_KEPT:
+                self._plans.popitem(last=False)
+        self._plans.move_to_end(key)
+        return plan
+
+
+def _fingerprint(source: Any) -> str | None:
+    value = getattr(source, "fingerprint", None)
+    return value if isinstance(value, str) else None
+
+
+def serve_dataset(
+    path: str,
+    address: str,
+    *,
+    seq_len: int | None = None,
+    curve_keys: str | os.PathLike[str] | None = None,
+    insecure: bool = False,
+) -> None:
+    """Serve a token-stream dataset (windows of ``seq_len`` tokens, else documents)
+    until interrupted; what ``zerobatch serve`` runs.
+
+    ``curve_keys`` is a secret key file written by ``zmq.auth.create_certificates``.
+    Prints the bound address on stdout once listening.
+    """
+    from zerobatch.stream import open_dataset
+
+    dataset = open_dataset(path)
+    source = dataset.windows(seq_len) if seq_len is not None else dataset.documents()
+    curve = None
+    if curve_keys is not None:
+        import zmq.auth
+
+        public, secret = zmq.auth.load_certificate(os.fspath(curve_keys))
+        if secret is None:
+            raise ValueError(f"{curve_keys}: not a secret key file (use the .key_secret file)")
+        curve = CurveKeys(public, secret)
+    server = BatchServer(source, address, curve=curve, insecure=insecure)
+    print(f"serving {len(source)} observations of {path} on {server.address}", flush=True)
+    server.serve()

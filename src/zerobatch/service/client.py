@@ -1,0 +1,182 @@
+"""``BatchClient``: the Loader's interface, with batches from BatchServers.
+
+The client computes nothing but positions: it asks servers for
+(seed, epoch, position, rank, world_size, batch_size) and yields their
+batches in order. Moving a training script from ``Loader`` to
+``BatchClient`` changes nothing it receives: the same batches in the same
+order, the same ``state_dict`` (a Loader's state resumes a client and the
+reverse), the same elastic resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from zerobatch.columnar import Batch
+from zerobatch.service._fetch import Fetcher
+from zerobatch.service._transport import CurveKeys
+
+__all__ = ["BatchClient"]
+
+
+class BatchClient:
+    """Batches of this rank from BatchServers at ``addresses``, like ``Loader(source, ...)``.
+
+    Args:
+        addresses: one server address or several serving the same dataset;
+            requests spread over them and move to another when one dies.
+        batch_size, seed, shuffle, rank, world_size, drop_last, output, epochs,
+            block_size, transform, pin_memory, device, dtype: as ``Loader``.
+        prefetch: requests kept in flight (the credit window), at least 1.
+        timeout: seconds a server may leave a request unanswered before its
+            requests go elsewhere; with no reply from any server for this
+            long, iteration raises TimeoutError naming the addresses.
+        curve, server_key: CURVE keys for servers started with ``curve=``.
+
+    Thread safety: iterate from one thread. :meth:`close` never blocks.
+    """
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int = 4,
+        drop_last: bool = True,
+        output: str = "torch",
+        epochs: int = 1,
+        block_size: int | None = None,
+        transform: Any = None,
+        pin_memory: bool = False,
+        device: Any = None,
+        dtype: Any = None,
+        timeout: float = 30.0,
+        curve: CurveKeys | None = None,
+        server_key: bytes | None = None,
+    ) -> None:
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if output not in ("torch", "numpy", "batch"):
+            raise ValueError(f"output must be 'torch', 'numpy' or 'batch', got {output!r}")
+        rank, world_size = _rank_world(rank, world_size)
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = drop_last
+        self.output = output
+        self.epochs = epochs
+        self.block_size = block_size
+        self.transform = transform
+        self.pin_memory = pin_memory
+        self.device = device
+        self.dtype = dtype
+        self._fetcher = Fetcher(
+            list(addresses), timeout=timeout, window=prefetch, curve=curve, server_key=server_key
+        )
+        info, _ = self._fetcher.request({"op": "info"})
+        self.length: int = info["length"]
+        self.fingerprint: str | None = info.get("fingerprint")
+        from zerobatch.plan import Plan
+
+        self._plan = Plan(
+            self.length,
+            batch_size,
+            world_size=world_size,
+            seed=seed,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            block_size=block_size,
+        )
+        self._epoch = 0
+        self._consumed = 0
+
+    def __len__(self) -> int:
+        """Steps per epoch for this rank (from the start of the epoch)."""
+        return int(self._plan.steps(0))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first step at the next iteration."""
+        self._epoch = epoch
+        self._consumed = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What was received so far: JSON-able, the Loader's shape."""
+        return {
+            "version": 1,
+            "seed": self.seed,
+            "epoch": self._epoch,
+            "consumed": self._consumed,
+            "fingerprint": self.fingerprint,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume after the last batch ``state`` counted (any world_size or batch_size)."""
+        self._epoch = state["epoch"]
+        self._consumed = state["consumed"]
+
+    def _requests(self) -> Iterator[tuple[Any, dict[str, Any]]]:
+        step = self._plan.step_size
+        for epoch in range(self._epoch, self._epoch + self.epochs):
+            start = self._consumed if epoch == self._epoch else 0
+            for k in range(int(self._plan.steps(start))):
+                consumed = start + k * step
+                yield (
+                    (epoch, consumed),
+                    {
+                        "op": "batch",
+                        "seed": self.seed,
+                        "epoch": epoch,
+                        "consumed": consumed,
+                        "rank": self.rank,
+                        "world_size": self.world_size,
+                        "batch_size": self.batch_size,
+                        "shuffle": self.shuffle,
+                        "drop_last": self.drop_last,
+                        "block_size": self.block_size,
+                    },
+                )
+
+    def __iter__(self) -> Iterator[Any]:
+        step = self._plan.step_size
+        for (epoch, consumed), _reply, frames in self._fetcher.run(self._requests()):
+            batch = Batch.from_frames(frames)
+            self._epoch, self._consumed = epoch, consumed + step
+            if self._consumed >= self.length or self._plan.steps(self._consumed) == 0:
+                self._epoch, self._consumed = epoch + 1, 0
+            yield self._convert(batch)
+
+    def _convert(self, batch: Batch) -> Any:
+        if self.transform is not None:
+            batch = self.transform(batch)
+        if self.output == "batch":
+            return batch
+        if self.output == "numpy":
+            return batch.to_numpy()
+        return batch.to_torch(pin_memory=self.pin_memory, device=self.device)
+
+    def close(self) -> None:
+        """Close the sockets (idempotent; iteration after it fails)."""
+        self._fetcher.close()
+
+    def __enter__(self) -> BatchClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    world = 1 if world_size is None else world_size
+    r = 0 if rank is None else rank
+    if not 0 <= r < world:
+        raise ValueError(f"rank {r} outside [0, world_size={world})")
+    return r, world
