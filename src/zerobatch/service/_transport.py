@@ -181,6 +181,14 @@ def parse_header(buffer: Any) -> dict[str, Any]:
     return header
 
 
+def no_payload(op: str, payload: Sequence[Any]) -> None:
+    """FormatError if a request that takes no payload came with frames after its header."""
+    if payload:
+        raise FormatError(
+            f"{op} takes no payload, found {len(payload)} frames", path="frame 1", field="payload"
+        )
+
+
 def encode_header(header: dict[str, Any]) -> bytes:
     """msgpack bytes of ``header`` with the protocol version added."""
     return pack({"v": PROTOCOL, **header})

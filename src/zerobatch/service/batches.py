@@ -19,7 +19,7 @@ import numpy as np
 
 from zerobatch.columnar.wire import expect
 from zerobatch.errors import FormatError
-from zerobatch.service._transport import CurveKeys, Server
+from zerobatch.service._transport import CurveKeys, Server, no_payload
 
 __all__ = ["PLAN_KEYS", "BatchServer", "serve_dataset"]
 
@@ -86,8 +86,7 @@ class BatchServer(Server):
 
     def _handle(self, header: dict[str, Any], payload: list[memoryview]) -> tuple[dict, list]:
         op = expect(header, "op", str, where="header", field="op")
-        if payload:
-            raise FormatError(f"{op} takes no payload, found {len(payload)} frames", path="frame 1")
+        no_payload(op, payload)
         if op == "info":
             return {"length": self._length, "fingerprint": _fingerprint(self.source)}, []
         if op != "batch":
@@ -169,10 +168,15 @@ def serve_dataset(
     ``curve_keys`` is a secret key file written by ``zmq.auth.create_certificates``.
     Prints the bound address on stdout once listening.
     """
-    from zerobatch.stream import open_dataset
+    from zerobatch.stream import Dataset, open_dataset
 
     dataset = open_dataset(path)
-    source = dataset.windows(seq_len) if seq_len is not None else dataset.documents()
+    if seq_len is not None:
+        source: Any = dataset.windows(seq_len)
+    elif isinstance(dataset, Dataset):
+        source = dataset.documents()
+    else:
+        raise ValueError(f"{path}: a folder of .npy token files has no documents; pass --seq-len")
     curve = None
     if curve_keys is not None:
         import zmq.auth

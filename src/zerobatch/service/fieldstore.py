@@ -36,6 +36,7 @@ from zerobatch.service._transport import (
     Channel,
     CurveKeys,
     Server,
+    no_payload,
 )
 
 __all__ = ["FieldStore", "FieldStoreServer", "FieldTable"]
@@ -293,7 +294,7 @@ def _handle(table: FieldTable) -> Any:
             partition = expect(header, "partition", str, where="header", field="partition")
             table.put(Batch.from_frames(payload), partition)
             return {}, []
-        _no_payload(op, payload)
+        no_payload(op, payload)
         if op == "get_meta":
             fields = expect(header, "fields", list, where="header", field="fields")
             if not all(isinstance(f, str) for f in fields):
@@ -327,13 +328,6 @@ def _handle(table: FieldTable) -> Any:
         )
 
     return handle
-
-
-def _no_payload(op: str, payload: list[memoryview]) -> None:
-    if payload:
-        raise FormatError(
-            f"{op} takes no payload, found {len(payload)} frames", path="frame 1", field="payload"
-        )
 
 
 class FieldStoreServer(Server):
