@@ -162,8 +162,8 @@ def test_server_killed_and_restarted(corpus: str, servers: _Servers) -> None:
     servers.kill(address)
 
 
-def test_two_servers_one_killed(corpus: str, servers: _Servers) -> None:
-    first, second = servers.start(), servers.start()
+def test_two_servers_one_killed(corpus: str, servers: _Servers, shared: str) -> None:
+    first, second = servers.start(), shared
     with BatchClient([first, second], 2, seed=3, output="batch", prefetch=6, timeout=30) as client:
         iterator = iter(client)
         got = [next(iterator) for _ in range(4)]
@@ -173,7 +173,6 @@ def test_two_servers_one_killed(corpus: str, servers: _Servers) -> None:
         [(np.asarray(b.meta.global_indexes), b["input_ids"]) for b in got],
         _expected(corpus, 2, 1, 0),
     )
-    servers.kill(second)
 
 
 def test_bad_requests_and_silence(shared: str) -> None:
