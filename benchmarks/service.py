@@ -77,6 +77,48 @@ def _serve_batches(path: str, queue: Any) -> None:
     server.serve()
 
 
+def _echo_bytes(size: int, queue: Any) -> None:
+    """A ROUTER answering every request with ``size`` bytes (the transport limit)."""
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.ROUTER)
+    sock.bind("tcp://127.0.0.1:*")
+    queue.put(sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    payload = np.ones(size, dtype=np.uint8)
+    while True:
+        identity, _ = sock.recv_multipart()
+        sock.send_multipart([identity, payload], copy=False)
+
+
+def transport_limit(size: int, steps: int, window: int = 4) -> float:
+    """Seconds per ``size``-byte reply over loopback ZeroMQ, ``window`` in flight."""
+    import zmq
+
+    queue = SPAWN.Queue()
+    server = SPAWN.Process(target=_echo_bytes, args=(size, queue), daemon=True)
+    server.start()
+    context = zmq.Context()
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(queue.get(timeout=60))
+        for _ in range(window):
+            sock.send(b"x")
+        sock.recv_multipart(copy=False)
+        sock.send(b"x")
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            sock.recv_multipart(copy=False)
+            sock.send(b"x")
+        return (time.perf_counter() - t0) / steps
+    finally:
+        sock.close()
+        context.term()
+        server.kill()
+        server.join()
+
+
 def _nbytes(batch: dict[str, Any]) -> int:
     return sum(v.nbytes for v in batch.values() if isinstance(v, np.ndarray))
 
@@ -111,6 +153,9 @@ def server_table(tokens: int, steps: int) -> list[str]:
             for _ in range(steps):
                 size += _nbytes(next(iterator))
             rows.append(("in-process Loader", steps, size, time.perf_counter() - t0))
+        per_batch = size // steps
+        limit = transport_limit(per_batch, steps)
+        rows.append(("limit: ZeroMQ loopback, same bytes, no reads", steps, size, limit * steps))
         queue = SPAWN.Queue()
         server = SPAWN.Process(target=_serve_batches, args=(path, queue), daemon=True)
         server.start()

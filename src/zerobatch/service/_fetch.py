@@ -121,6 +121,7 @@ class Fetcher:
                 waiting.append(key)
             if not order:
                 return
+            self._send_waiting(waiting, headers)  # keep the window full before yielding
             if order[0] in done:
                 key = order.popleft()
                 reply, frames = done.pop(key)
@@ -128,7 +129,6 @@ class Fetcher:
                 yield key, reply, frames
                 last_progress = time.monotonic()
                 continue
-            self._send_waiting(waiting, headers)
             if self._wait(waiting, done, order):
                 last_progress = time.monotonic()
             elif time.monotonic() - last_progress > self.timeout:
