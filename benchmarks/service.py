@@ -338,7 +338,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=20_000_000, help="dataset size (tokens)")
     parser.add_argument("--steps", type=int, default=200, help="batches per BatchServer row")
     args = parser.parse_args()
-    print("\n".join(server_table(args.tokens, args.steps)))
+    try:
+        print("\n".join(server_table(args.tokens, args.steps)))
+    except ImportError as exc:  # zerobatch.plan / Loader (issue 9) not in this checkout yet
+        print(f"note: BatchServer table skipped ({exc})")
     print()
     print("\n".join(fieldstore_table(args.rounds)))
 

@@ -10,6 +10,7 @@ reverse), the same elastic resume.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -49,7 +50,7 @@ class BatchClient:
         prefetch: int = 4,
         drop_last: bool = True,
         output: str = "torch",
-        epochs: int = 1,
+        epochs: int | None = 1,
         block_size: int | None = None,
         transform: Any = None,
         pin_memory: bool = False,
@@ -125,7 +126,8 @@ class BatchClient:
 
     def _requests(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         step = self._plan.step_size
-        for epoch in range(self._epoch, self._epoch + self.epochs):
+        last = None if self.epochs is None else self._epoch + self.epochs
+        for epoch in itertools.count(self._epoch) if last is None else range(self._epoch, last):
             start = self._consumed if epoch == self._epoch else 0
             for k in range(int(self._plan.steps(start))):
                 consumed = start + k * step
