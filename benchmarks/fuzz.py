@@ -549,17 +549,15 @@ def run_one(target: Target, folder: Path, files: Files) -> tuple[str, str]:
     return outcome, detail.replace("\n", " ").replace("\t", " ")
 
 
-def _child(target: Target, batch: list[tuple[str, Files]], start: int, fd: int) -> None:
+def _child(
+    target: Target, batch: list[tuple[str, Files]], start: int, fd: int, folder: Path
+) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     faulthandler.disable()  # a crash is the parent's to report, without a traceback dump
-    folder = Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch()))
-    try:
-        for i in range(start, len(batch)):
-            outcome, detail = run_one(target, folder, batch[i][1])
-            os.write(fd, f"{i}\t{outcome}\t{detail}\n".encode("utf-8", "replace"))
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    for i in range(start, len(batch)):
+        outcome, detail = run_one(target, folder, batch[i][1])
+        os.write(fd, f"{i}\t{outcome}\t{detail}\n".encode("utf-8", "replace"))
 
 
 def _scratch() -> str | None:
@@ -618,6 +616,15 @@ def run_batch(target: Target, batch: list[tuple[str, Files]], report: Report, *,
               timeout: float, out: Path | None) -> None:
     """Run ``batch`` in forked children; a crash or hang is pinned on one input
     and the rest of the batch goes on in a fresh child."""
+    scratch = Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch()))  # the parent removes it
+    try:
+        _run_children(target, batch, report, timeout=timeout, out=out, scratch=scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report, *,
+                  timeout: float, out: Path | None, scratch: Path) -> None:
     start = 0
     while start < len(batch):
         read_fd, write_fd = os.pipe()
@@ -626,7 +633,7 @@ def run_batch(target: Target, batch: list[tuple[str, Files]], report: Report, *,
             os.close(read_fd)
             code = 0
             try:
-                _child(target, batch, start, write_fd)
+                _child(target, batch, start, write_fd, scratch)
             except BaseException:
                 code = 3
             os._exit(code)
