@@ -20,6 +20,8 @@ def test_readme_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         "version": 1, "epoch": 0, "consumed": 20, "seed": 42, "block_size": 16,
         "shuffle": True, "num_batches": 128,
     }
+    checkpoint = namespace["checkpoint"]
+    assert checkpoint["epoch"] == 1 and checkpoint["consumed"] == 0  # type: ignore[index]
     assert len(namespace["frames"]) == len(namespace["batch"].fields) + 1  # type: ignore[arg-type, attr-defined]
 
 

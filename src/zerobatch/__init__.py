@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.errors import FormatError, StorageError
+from zerobatch.loader import Loader, Source
+from zerobatch.plan import Plan
 from zerobatch.shuffle import BlockShuffle, Feistel
 from zerobatch.stream import StreamWriter, combine, open_dataset, verify
 
@@ -18,6 +20,9 @@ __all__ = [
     "Feistel",
     "FormatError",
     "Jagged",
+    "Loader",
+    "Plan",
+    "Source",
     "StorageError",
     "StreamWriter",
     "combine",

@@ -27,8 +27,10 @@ from zerobatch.batch_format import (
     BatchHeader,
     dtype_code,
 )
+from zerobatch.columnar import Batch, BatchMeta
 from zerobatch.errors import FormatError
-from zerobatch.shuffle import BlockShuffle
+from zerobatch.plan import Plan
+from zerobatch.shuffle import BlockShuffle, Feistel
 from zerobatch.storage import is_url, open_storage
 
 if TYPE_CHECKING:
@@ -400,6 +402,31 @@ class BatchFileReader:
         shard, local = self._locate(batch_index)
         return shard.batches[local]
 
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the file(s) a loader state belongs to: shard sizes and header fields."""
+        sizes = ",".join(str(shard.header.file_size) for shard in self._shards)
+        return (f"llmbatch:{self.num_batches}:{self.batch_size}:{self.seq_len}:"
+                f"{self.dtype.str}:{self.seed}:{self.total_records}:{sizes}")
+
+    def read(self, indices: Any) -> Batch:
+        """The batches at ``indices`` as a ``Batch`` whose observations are whole
+        batches: one dense ``tokens`` column ``[len(indices), batch_size, seq_len]``
+        in the stored dtype (one gather copy); global indexes are the batch indices.
+        This makes a batch file a ``Loader`` source."""
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and idx.dtype.kind not in "iu"):
+            raise TypeError(f"indices must be a 1-D integer array, got {idx.dtype} {idx.shape}")
+        idx = idx.astype(np.int64, copy=False)
+        n = self.num_batches
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            raise IndexError(f"batch indices must be in [0, {n}) for {self.path}")
+        tokens = np.empty((idx.shape[0], self.batch_size, self.seq_len), dtype=self.dtype)
+        for row, index in enumerate(idx.tolist()):
+            tokens[row] = self.read_batch(index)  # pre-formed batches: one copy per batch
+        return Batch.from_columns({"tokens": tokens},
+                                  BatchMeta(idx, production_status=np.ones(idx.shape[0])))
+
     def read_batch_torch(self, batch_index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Batch ``batch_index`` as a ``[batch_size, seq_len]`` torch tensor.
 
@@ -465,9 +492,10 @@ class BatchNativeLoader:
     """Iterate a batch file's batches in block-shuffled order (seed 000).
 
     Blocks of ``block_size`` consecutive batches are visited in the order of a
-    permutation seeded with ``seed ^ epoch``; batches inside a block are read in
-    file order, so the kernel's readahead (and ``MADV_WILLNEED`` hints issued
-    ``readahead_bytes`` ahead) stream them from disk. With ``world_size`` ranks,
+    permutation seeded by ``zerobatch.plan.epoch_seed(seed, epoch)``; batches
+    inside a block are read in file order, so the kernel's readahead (and
+    ``MADV_WILLNEED`` hints issued ``readahead_bytes`` ahead) stream them from
+    disk. With ``world_size`` ranks,
     rank ``r`` takes positions ``r, r + world_size, ...`` of that order and every
     rank yields the same number of batches; up to ``world_size - 1`` batches at
     the tail of an epoch are dropped. What a rank yields depends only on
@@ -536,12 +564,11 @@ class BatchNativeLoader:
         """Batches this rank yields in a whole epoch."""
         return self.reader.num_batches // self.world_size
 
-    def _order(self) -> BlockShuffle | None:
-        if not self.shuffle:
-            return None
-        return BlockShuffle(
-            self.reader.num_batches, self.block_size, (self.seed ^ self._epoch) & 0xFFFFFFFFFFFFFFFF
-        )
+    def _order(self) -> BlockShuffle | Feistel | None:
+        """The epoch's block-shuffled order, from the plan (seeded by (seed, epoch) mixed)."""
+        plan = Plan(self.reader.num_batches, 1, world_size=self.world_size, seed=self.seed,
+                    shuffle=self.shuffle, block_size=self.block_size)
+        return plan.order(self._epoch)
 
     def __iter__(self) -> Iterator[Any]:
         n, world = self.reader.num_batches, self.world_size

@@ -125,6 +125,17 @@ class Dataset:
         return int(self._doc_starts[-1])
 
     @property
+    def fingerprint(self) -> str:
+        """The XXH3-64 of the manifest's content (shard table with every file's
+        checksum): identifies the data a loader state belongs to."""
+        import json
+
+        import xxhash
+
+        text = json.dumps(self._manifest.to_json(), sort_keys=True)
+        return xxhash.xxh3_64_hexdigest(text.encode())
+
+    @property
     def has_metadata(self) -> bool:
         """Whether the dataset stores span metadata."""
         return self._manifest.metadata is not None
@@ -390,6 +401,11 @@ class TokenWindows:
                 f"labels={self._labels}, len={self._len})")
 
     @property
+    def fingerprint(self) -> str:
+        """The dataset's fingerprint plus this view's shape (seq_len, stride, labels)."""
+        return f"{self._ds.fingerprint}:windows:{self._seq_len}:{self._stride}:{int(self._labels)}"
+
+    @property
     def seq_len(self) -> int:
         """Tokens per window (without the extra label token)."""
         return self._seq_len
@@ -540,6 +556,11 @@ class Documents:
 
     def __len__(self) -> int:
         return self._ds.num_documents
+
+    @property
+    def fingerprint(self) -> str:
+        """The dataset's fingerprint plus ``max_len``."""
+        return f"{self._ds.fingerprint}:documents:{self._max_len}"
 
     def __repr__(self) -> str:
         return f"Documents(max_len={self._max_len}, len={len(self)})"

@@ -1,0 +1,420 @@
+"""``Loader``: the plan, read-ahead threads, collation and exact resume over any source.
+
+A *source* is anything with ``__len__`` and ``read(indices) -> Batch``
+(:class:`Source`): ``TokenWindows``, ``Documents``, ``BatchFileReader`` or a
+user's own object. The loader asks :class:`~zerobatch.plan.Plan` which
+observations this rank reads at each step, runs ``source.read`` (and the
+optional ``transform``, and the conversion to the output) on ``num_threads``
+background threads with up to ``prefetch`` steps in flight, and yields the
+steps in order.
+
+The sequence of batches depends only on (source, seed, epoch, batch_size,
+rank, world_size, shuffle, drop_last, block_size): never on ``num_threads`` or
+``prefetch``. ``state_dict()`` counts what the caller has received, not what
+the threads fetched, so a checkpoint taken at any point resumes exactly, also
+with another ``world_size``, ``batch_size``, ``prefetch`` or ``num_threads``.
+
+>>> from zerobatch import Batch
+>>> class Squares:
+...     def __len__(self): return 8
+...     def read(self, indices): return Batch.from_columns({"x": indices ** 2})
+>>> loader = Loader(Squares(), 4, shuffle=False, output="numpy")
+>>> [b["x"].tolist() for b in loader]
+[[0, 1, 4, 9], [16, 25, 36, 49]]
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import sys
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from zerobatch.columnar import Batch
+from zerobatch.plan import Plan
+
+__all__ = ["Loader", "Source", "resolve_rank"]
+
+STATE_VERSION = 1
+OUTPUTS = ("torch", "numpy", "batch")
+_log = logging.getLogger("zerobatch.loader")
+_logged_rank_source = False
+_warned_pin = False
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A random-access source: ``len(source)`` observations, ``read(indices)``
+    returns them as one ``Batch`` (any order, repeats allowed), thread-safe.
+
+    A source may also offer ``fingerprint`` (a str identifying its data, e.g. a
+    manifest checksum); the loader stores it in its state and refuses to
+    resume on a source with another fingerprint.
+    """
+
+    def __len__(self) -> int: ...
+
+    def read(self, indices: npt.NDArray[np.int64]) -> Batch: ...
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int, str]:
+    """(rank, world_size, where they came from): explicit arguments win, then an
+    initialized ``torch.distributed``, then ``RANK``/``WORLD_SIZE`` (torchrun),
+    else 0 and 1."""
+    if rank is not None or world_size is not None:
+        return (0 if rank is None else rank), (1 if world_size is None else world_size), "arguments"
+    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), "torch.distributed"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "RANK/WORLD_SIZE"
+        except ValueError:
+            raise ValueError(
+                f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
+                "must be ints; fix the environment or pass rank= and world_size="
+            ) from None
+    return 0, 1, "default (single process)"
+
+
+def _fingerprint(source: Any) -> str | None:
+    value = getattr(source, "fingerprint", None)
+    return None if value is None else str(value)
+
+
+def _with_padding(batch: Batch, padding: npt.NDArray[np.bool_]) -> Batch:
+    columns = batch.to_numpy()
+    columns["padding"] = padding
+    return Batch.from_columns(columns, batch.meta)
+
+
+def _torch_output(pin_memory: bool, device: Any) -> Callable[[Batch], Any]:
+    global _warned_pin
+    import torch
+
+    if pin_memory and not torch.cuda.is_available():
+        if not _warned_pin:
+            warnings.warn("pin_memory=True but no CUDA device is available: batches are "
+                          "not pinned", stacklevel=4)
+            _warned_pin = True
+        pin_memory = False
+    return lambda batch: batch.to_torch(pin_memory=pin_memory, device=device)
+
+
+def _produce(
+    source: Any, plan: Plan, epoch: int, consumed: int, rank: int,
+    transform: Callable[[Batch], Batch] | None, convert: Callable[[Batch], Any],
+) -> Any:
+    """One step: plan, read, mark padding, transform, convert (runs on a worker thread)."""
+    indices, padding = plan.indices(epoch, consumed, rank)
+    batch = source.read(indices)
+    if not plan.drop_last:
+        batch = _with_padding(batch, padding)
+    if transform is not None:
+        batch = transform(batch)
+    return convert(batch)
+
+
+class Loader:
+    """Iterate ``source`` in batches of ``batch_size`` for this rank, reading ahead.
+
+    Args:
+        source: a :class:`Source` (``__len__`` and ``read(indices) -> Batch``).
+        batch_size: observations per batch on this rank.
+        seed: seeds every epoch's order together with the epoch (any int).
+        shuffle: a global shuffle (Feistel, or blocks with ``block_size``).
+        rank, world_size: default from torch.distributed, then ``RANK`` and
+            ``WORLD_SIZE``, else 0 and 1 (logged once).
+        prefetch: steps read ahead (0: read in the caller's thread).
+        num_threads: reader threads (0: read in the caller's thread).
+        drop_last: skip the epoch's tail (True) or pad the last step and add a
+            boolean ``padding`` column (False). Every rank runs the same steps.
+        output: ``"torch"`` (dict of tensors sharing the batch's memory),
+            ``"numpy"`` (dict of arrays) or ``"batch"`` (the columnar Batch).
+        epochs: epochs one ``for`` loop runs from the current position
+            (None: forever, each epoch freshly shuffled).
+        block_size: keep runs of this many consecutive observations together.
+        transform: ``Batch -> Batch``, run on the reader threads; it must be
+            thread-safe.
+        pin_memory, device: torch output only: pin in the background, copy to
+            ``device`` without blocking.
+
+    Memory holds at most ``prefetch`` batches besides the one the caller has.
+    Iterate from one thread; ``state_dict`` may be called from it at any time.
+    WARNING: ``transform`` runs concurrently on ``num_threads`` threads.
+    """
+
+    def __init__(
+        self,
+        source: Any,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        prefetch: int = 2,
+        num_threads: int = 1,
+        drop_last: bool = True,
+        output: Literal["torch", "numpy", "batch"] = "torch",
+        epochs: int | None = 1,
+        block_size: int | None = None,
+        transform: Callable[[Batch], Batch] | None = None,
+        pin_memory: bool = False,
+        device: Any = None,
+    ) -> None:
+        global _logged_rank_source
+        if not callable(getattr(source, "read", None)) or not hasattr(source, "__len__"):
+            raise ValueError(f"source must have __len__ and read(indices) -> Batch; "
+                             f"got {type(source).__name__}")
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        for name, value in (("prefetch", prefetch), ("num_threads", num_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
+                                   or epochs < 1):
+            raise ValueError(f"epochs must be an int >= 1 or None, got {epochs!r}")
+        if transform is not None and not callable(transform):
+            raise ValueError(f"transform must be callable, got {type(transform).__name__}")
+        if (pin_memory or device is not None) and output != "torch":
+            raise ValueError("pin_memory and device need output='torch'")
+        rank, world_size, origin = resolve_rank(rank, world_size)
+        if origin != "arguments" and not _logged_rank_source:
+            _log.info("zerobatch Loader: rank %d of %d from %s", rank, world_size, origin)
+            _logged_rank_source = True
+        self._plan = Plan(len(source), batch_size, world_size=world_size, seed=seed,
+                          shuffle=shuffle, drop_last=drop_last, block_size=block_size)
+        self._rank = self._plan.check_rank(rank)
+        self._source = source
+        self._prefetch = prefetch
+        self._num_threads = num_threads
+        self._output = output
+        self._epochs = epochs
+        self._transform = transform
+        self._pin_memory = pin_memory
+        self._device = device
+        self._fingerprint = _fingerprint(source)
+        self._epoch = 0
+        self._consumed = 0
+        self._iterator: weakref.ref[_Iterator] | None = None  # weak: no cycle, no leak
+
+    @property
+    def plan(self) -> Plan:
+        """The plan: order, steps and ranks."""
+        return self._plan
+
+    @property
+    def rank(self) -> int:
+        """This process's rank."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Ranks in all."""
+        return self._plan.world_size
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch comes from."""
+        return self._epoch
+
+    def __len__(self) -> int:
+        """Steps (batches for this rank) in a whole epoch."""
+        return self._plan.steps(0)
+
+    def __repr__(self) -> str:
+        return (f"Loader({type(self._source).__name__}, batch_size={self._plan.batch_size}, "
+                f"rank={self._rank}, world_size={self.world_size}, epoch={self._epoch}, "
+                f"consumed={self._consumed})")
+
+    def set_epoch(self, epoch: int) -> None:
+        """Jump to the start of ``epoch``; the current epoch keeps a resumed position."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if epoch != self._epoch:
+            self._stop()
+            self._epoch, self._consumed = epoch, 0
+
+    def __iter__(self) -> Iterator[Any]:
+        """Batches from the current position; a new iterator replaces the last one."""
+        self._stop()
+        if self._plan.steps(0) == 0:
+            raise ValueError(
+                f"the source has {self._plan.length} observations, fewer than one step of "
+                f"batch_size * world_size = {self._plan.step_size}; lower batch_size or "
+                "pass drop_last=False"
+            )
+        iterator = _Iterator(self)
+        self._iterator = weakref.ref(iterator)
+        return iterator
+
+    def _received(self, epoch: int, consumed: int) -> None:
+        """The caller has the step (epoch, consumed): move the state past it."""
+        consumed += self._plan.step_size
+        if self._plan.steps(min(consumed, self._plan.length)) == 0:
+            epoch, consumed = epoch + 1, 0
+        self._epoch, self._consumed = epoch, consumed
+
+    def _converter(self) -> Callable[[Batch], Any]:
+        if self._output == "torch":
+            return _torch_output(self._pin_memory, self._device)
+        if self._output == "numpy":
+            return Batch.to_numpy
+        return lambda batch: batch
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able position of what the caller has received. O(1)."""
+        plan = self._plan
+        return {
+            "version": STATE_VERSION,
+            "seed": int(plan.seed),
+            "epoch": self._epoch,
+            "consumed": self._consumed,
+            "length": plan.length,
+            "shuffle": plan.shuffle,
+            "block_size": plan.block_size,
+            "fingerprint": self._fingerprint,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after what ``state`` says was received, with this
+        loader's world_size, batch_size, prefetch and threads. ValueError names
+        what differs when the state belongs to another source, seed or version."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state has version {state.get('version')!r}; this zerobatch "
+                             f"reads version {STATE_VERSION}")
+        mine = self.state_dict()
+        for key in ("fingerprint", "length", "seed", "shuffle", "block_size"):
+            if state.get(key) != mine[key]:
+                raise ValueError(
+                    f"state was saved with {key}={state.get(key)!r}, this loader has "
+                    f"{mine[key]!r}: it belongs to another source or order"
+                )
+        epoch, consumed = state.get("epoch"), state.get("consumed")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"state has epoch={epoch!r}; expected an int >= 0")
+        if (isinstance(consumed, bool) or not isinstance(consumed, int)
+                or not 0 <= consumed <= self._plan.length):
+            raise ValueError(f"state has consumed={consumed!r}; expected an int in "
+                             f"[0, {self._plan.length}]")
+        self._stop()
+        if self._plan.steps(consumed) == 0:
+            epoch, consumed = epoch + 1, 0
+        self._epoch, self._consumed = epoch, consumed
+
+    def _stop(self) -> None:
+        iterator = None if self._iterator is None else self._iterator()
+        if iterator is not None:
+            iterator.close()
+        self._iterator = None
+
+    def close(self) -> None:
+        """Stop and join the reader threads; idempotent. The loader can be
+        iterated again afterwards (new threads start)."""
+        self._stop()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _shutdown(executor: concurrent.futures.ThreadPoolExecutor, wait: bool) -> None:
+    executor.shutdown(wait=wait, cancel_futures=True)
+
+
+class _Iterator:
+    """One pass of a Loader: schedules steps on the threads, yields them in order."""
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+        self._plan = loader._plan
+        self._step = (loader._epoch, loader._consumed)  # next step to schedule
+        self._last_epoch = None if loader._epochs is None else loader._epoch + loader._epochs
+        self._pending: collections.deque[tuple[int, int, Any]] = collections.deque()
+        self._convert = loader._converter()
+        self._args = (loader._source, self._plan)
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._finalizer: Any = None
+        if loader._prefetch > 0 and loader._num_threads > 0:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                loader._num_threads, thread_name_prefix="zerobatch-loader"
+            )
+            self._finalizer = weakref.finalize(self, _shutdown, self._executor, False)
+        self._done = False
+
+    def _next_step(self) -> tuple[int, int] | None:
+        epoch, consumed = self._step
+        if self._last_epoch is not None and epoch >= self._last_epoch:
+            return None
+        self._step = (epoch, consumed + self._plan.step_size)
+        if self._plan.steps(min(self._step[1], self._plan.length)) == 0:
+            self._step = (epoch + 1, 0)
+        return epoch, consumed
+
+    def _run(self, epoch: int, consumed: int) -> Any:
+        loader = self._loader
+        return _produce(*self._args, epoch, consumed, loader._rank, loader._transform,
+                        self._convert)
+
+    def _fill(self) -> None:
+        assert self._executor is not None
+        while len(self._pending) < self._loader._prefetch + 1:
+            step = self._next_step()
+            if step is None:
+                return
+            future = self._executor.submit(_produce, *self._args, *step, self._loader._rank,
+                                           self._loader._transform, self._convert)
+            self._pending.append((*step, future))
+
+    def __iter__(self) -> _Iterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        if self._executor is None:
+            step = self._next_step()
+            if step is None:
+                self.close()
+                raise StopIteration
+            try:
+                item = self._run(*step)
+            except BaseException:
+                self.close()
+                raise
+        else:
+            self._fill()
+            if not self._pending:
+                self.close()
+                raise StopIteration
+            epoch, consumed, future = self._pending.popleft()
+            try:
+                item = future.result()
+            except BaseException:
+                self.close()
+                raise
+            step = (epoch, consumed)
+        self._loader._received(*step)
+        return item
+
+    def close(self) -> None:
+        """Cancel what is queued and join the threads (each finishes its read)."""
+        self._done = True
+        self._pending.clear()
+        if self._executor is not None:
+            self._finalizer.detach()
+            _shutdown(self._executor, True)
+            self._executor = None

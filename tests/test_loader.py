@@ -1,0 +1,280 @@
+"""The Loader over real datasets: the plan's order, exact and elastic resume, lifecycle."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zerobatch import Batch, Loader, StreamWriter, open_dataset
+from zerobatch.batch_loader import BatchFileReader
+from zerobatch.batch_writer import write_batch_file
+from zerobatch.plan import Plan
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("loader") / "corpus"
+    rng = np.random.default_rng(0)
+    with StreamWriter(folder, shard_tokens=3000) as writer:
+        for _ in range(300):
+            writer.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 60))))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def windows(corpus: Path):
+    return open_dataset(corpus).windows(16)
+
+
+def _plan_indices(plan: Plan, rank: int, epoch: int, consumed: int, steps: int) -> list[list[int]]:
+    out = []
+    for _ in range(steps):
+        out.append(plan.indices(epoch, consumed, rank)[0].tolist())
+        consumed += plan.step_size
+    return out
+
+
+@settings(max_examples=15, deadline=None)
+@given(prefetch=st.integers(0, 5), threads=st.integers(0, 3), batch=st.integers(1, 20),
+       world=st.integers(1, 4), seed=st.integers(0, 2**32))
+def test_loader_yields_the_plan(windows, prefetch, threads, batch, world, seed):
+    rank = seed % world
+    loader = Loader(windows, batch, seed=seed, rank=rank, world_size=world, prefetch=prefetch,
+                    num_threads=threads, output="batch")
+    got = [b.meta.global_indexes.tolist() if hasattr(b.meta.global_indexes, "tolist")
+           else list(b.meta.global_indexes) for b in loader]
+    assert got == _plan_indices(loader.plan, rank, 0, 0, len(loader))
+    direct = windows.read(np.array(got[0]))
+    again = next(iter(Loader(windows, batch, seed=seed, rank=rank, world_size=world,
+                             output="numpy")))
+    assert np.array_equal(again["input_ids"], direct["input_ids"])
+
+
+def test_elastic_resume_exact(windows):
+    length = len(windows)
+    seen: list[int] = []
+    state = None
+    for world, batch, steps in ((4, 7, 5), (2, 11, 3), (3, 5, None)):
+        loaders = [Loader(windows, batch, seed=3, rank=r, world_size=world, output="batch",
+                          prefetch=2, num_threads=2) for r in range(world)]
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(json.loads(json.dumps(state)))
+        iterators = [iter(loader) for loader in loaders]
+        count = 0
+        while steps is None or count < steps:
+            try:
+                parts = [next(it) for it in iterators]
+            except StopIteration:
+                break
+            for part in parts:
+                seen += list(part.meta.global_indexes)
+            count += 1
+        states = [loader.state_dict() for loader in loaders]
+        assert all(s == states[0] for s in states)  # the same on every rank
+        state = states[0]
+        for loader in loaders:
+            loader.close()
+    plan = Plan(length, 5, world_size=3)
+    assert len(seen) == len(set(seen))
+    consumed_before_last = 4 * 7 * 5 + 2 * 11 * 3
+    assert len(seen) == length - plan.dropped(consumed_before_last)
+    assert state["epoch"] == 1 and state["consumed"] == 0
+
+
+def test_epochs_and_set_epoch(windows):
+    loader = Loader(windows, 32, output="batch", epochs=2)
+    firsts = [list(b.meta.global_indexes) for b in loader]
+    assert len(firsts) == 2 * len(loader)
+    assert firsts[0] != firsts[len(loader)]
+    assert loader.epoch == 2
+    loader.set_epoch(1)
+    again = next(iter(loader))
+    assert list(again.meta.global_indexes) == firsts[len(loader)]
+    forever = iter(Loader(windows, 32, output="batch", epochs=None))
+    assert sum(1 for _ in zip(range(3 * len(loader)), forever, strict=False)) == 3 * len(loader)
+
+
+def test_padding_when_not_dropping_last(windows):
+    loader = Loader(windows, 50, world_size=3, rank=2, drop_last=False, output="numpy")
+    batches = list(loader)
+    assert len(batches) == -(-len(windows) // 150)
+    assert batches[-1]["padding"].dtype == np.bool_
+    assert batches[-1]["padding"].any() and not batches[0]["padding"].any()
+
+
+def test_torch_output_shares_memory(windows):
+    import torch
+
+    batch = next(iter(Loader(windows, 4, seed=1, num_threads=2)))
+    assert batch["input_ids"].dtype == torch.int64
+    assert batch["input_ids"].shape == (4, 16)
+    assert torch.equal(batch["labels"][:, :-1], batch["input_ids"][:, 1:])
+    with pytest.warns(UserWarning, match="pin_memory"):
+        next(iter(Loader(windows, 4, pin_memory=True)))
+
+
+def test_batch_file_source(tmp_path):
+    tokens = np.arange(64 * 9, dtype=np.uint32).reshape(64, 9)
+    write_batch_file(tmp_path / "t.batch", tokens, batch_size=4, seq_len=9, seed=1)
+    reader = BatchFileReader(tmp_path / "t.batch")
+    loader = Loader(reader, 2, seed=5, output="batch", num_threads=2)
+    seen = []
+    for batch in loader:
+        assert batch["tokens"].shape == (2, 4, 9)
+        for index, rows in zip(batch.meta.global_indexes, batch["tokens"], strict=True):
+            assert np.array_equal(rows, reader.read_batch(index))
+            seen.append(index)
+    assert sorted(seen) == list(range(16))
+    other = tmp_path / "u.batch"
+    write_batch_file(other, tokens[:60], batch_size=4, seq_len=9, seed=1)
+    with pytest.raises(ValueError, match=r"length|fingerprint"):
+        Loader(BatchFileReader(other), 2, seed=5).load_state_dict(loader.state_dict())
+
+
+class _Failing:
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 100
+
+    def read(self, indices):
+        if self.bad in indices.tolist():
+            raise RuntimeError(f"shard corrupted at {self.bad}")
+        return Batch.from_columns({"x": indices})
+
+
+def test_read_error_surfaces_at_its_batch(windows):
+    order = Plan(100, 10, seed=0).indices(0, 30, 0)[0]
+    loader = Loader(_Failing(int(order[3])), 10, output="numpy", prefetch=4, num_threads=2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    with pytest.raises(RuntimeError, match="shard corrupted") as info:
+        next(it)
+    assert any(frame.name == "read" for frame in traceback.extract_tb(info.value.__traceback__))
+    assert loader.state_dict()["consumed"] == 30
+
+
+def test_threads_do_not_leak_and_close_is_fast(windows):
+    gc.collect()
+    baseline = threading.active_count()
+    for i in range(200):
+        loader = Loader(windows, 8, prefetch=3, num_threads=2, output="batch")
+        it = iter(loader)
+        for _ in range(i % 3):
+            next(it)
+        del it, loader
+    deadline = time.monotonic() + 10
+    while threading.active_count() > baseline and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    assert threading.active_count() == baseline
+    loader = Loader(windows, 8, prefetch=8, num_threads=2, output="batch")
+    it = iter(loader)
+    next(it)
+    start = time.monotonic()
+    loader.close()
+    loader.close()
+    assert time.monotonic() - start < 1.0
+    assert threading.active_count() == baseline
+    with Loader(windows, 8, output="batch") as inner:
+        it = iter(inner)
+        next(it)
+    assert threading.active_count() == baseline
+
+
+def test_rank_from_environment(windows, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = Loader(windows, 4)
+    assert (loader.rank, loader.world_size) == (1, 3)
+    assert (Loader(windows, 4, rank=0, world_size=1).rank) == 0
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ValueError, match="RANK"):
+        Loader(windows, 4)
+
+
+def test_bad_input(windows):
+    with pytest.raises(ValueError, match="batch_size"):
+        Loader(windows, 0)
+    with pytest.raises(ValueError, match="rank"):
+        Loader(windows, 2, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="read"):
+        Loader([1, 2, 3], 1)
+    with pytest.raises(ValueError, match="output"):
+        Loader(windows, 1, output="pandas")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fewer than one step"):
+        iter(Loader(windows, len(windows) + 1))
+    state = Loader(windows, 2, seed=1).state_dict()
+    with pytest.raises(ValueError, match="seed"):
+        Loader(windows, 2, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="version"):
+        Loader(windows, 2, seed=1).load_state_dict({**state, "version": 99})
+    ds = windows._ds
+    with pytest.raises(ValueError, match="fingerprint"):
+        Loader(ds.windows(8), 2, seed=1).load_state_dict(state)
+
+
+def _child(folder: Path, log: Path, checkpoint: Path) -> None:
+    """Iterate one epoch; log each batch's indices; save (state, log length) every 3 steps."""
+    loader = Loader(open_dataset(folder).windows(16), 4, seed=11, prefetch=3, num_threads=2,
+                    output="batch")
+    lines = 0
+    if checkpoint.exists():
+        saved = json.loads(checkpoint.read_text())
+        loader.load_state_dict(saved["state"])
+        lines = saved["lines"]
+    with open(log, "r+" if log.exists() else "w") as file:
+        file.truncate(sum(len(x) for x in file.readlines()[:lines]) if lines else 0)
+        file.seek(0, os.SEEK_END)
+        for step, batch in enumerate(loader, start=1):
+            file.write(" ".join(map(str, batch.meta.global_indexes)) + "\n")
+            file.flush()
+            lines += 1
+            if step % 3 == 0:
+                tmp = checkpoint.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"state": loader.state_dict(), "lines": lines}))
+                os.replace(tmp, checkpoint)
+    (log.parent / "done").write_text("ok")
+
+
+def test_kill_and_resume_equals_one_epoch(corpus, tmp_path):
+    log, checkpoint = tmp_path / "log", tmp_path / "checkpoint.json"
+    windows = open_dataset(corpus).windows(16)
+    expected = [list(b.meta.global_indexes) for b in Loader(windows, 4, seed=11, output="batch")]
+    rng = random.Random(0)
+    kills = 0
+    while not (tmp_path / "done").exists():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _child(corpus, log, checkpoint)
+            finally:
+                os._exit(0)
+        target = rng.randrange(1, len(expected) + 5) if kills < 20 else None
+        while target is not None:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                break
+            if log.exists() and log.read_text().count("\n") >= target:
+                os.kill(pid, signal.SIGKILL)
+                kills += 1
+                break
+            time.sleep(0.001)
+        os.waitpid(pid, 0) if target is None or not (tmp_path / "done").exists() else None
+    got = [[int(x) for x in line.split()] for line in log.read_text().splitlines()]
+    assert kills >= 10
+    assert got == expected

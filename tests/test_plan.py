@@ -1,0 +1,116 @@
+"""The pure plan: exact epochs across ranks, resumes with other world sizes, padding."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zerobatch.plan import Plan, epoch_seed
+
+
+def _epoch(length: int, resumes: list[tuple[int, int, int]], *, seed: int, drop_last: bool,
+           block_size: int | None) -> tuple[list[int], list[int], int]:
+    """Run one epoch through a sequence of (world_size, batch_size, steps) segments, the
+    last one to the end; returns (real indices, padding indices, dropped)."""
+    consumed, seen, padded, plan = 0, [], [], None
+    for number, (world, batch, steps) in enumerate(resumes):
+        plan = Plan(length, batch, world_size=world, seed=seed, drop_last=drop_last,
+                    block_size=block_size)
+        last = number == len(resumes) - 1
+        todo = plan.steps(consumed) if last else min(steps, plan.steps(consumed))
+        for _ in range(todo):
+            for rank in range(world):
+                indices, padding = plan.indices(3, consumed, rank)
+                seen += indices[~padding].tolist()
+                padded += indices[padding].tolist()
+            consumed += plan.step_size
+        consumed = min(consumed, length)
+    assert plan is not None
+    return seen, padded, plan.dropped(consumed) if drop_last else 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    length=st.integers(1, 10_000),
+    resumes=st.lists(st.tuples(st.integers(1, 64), st.integers(1, 40), st.integers(0, 30)),
+                     min_size=1, max_size=5),
+    seed=st.integers(0, 2**64 - 1),
+    drop_last=st.booleans(),
+    block_size=st.one_of(st.none(), st.integers(1, 50)),
+)
+def test_every_observation_once_across_ranks_and_resumes(length, resumes, seed, drop_last,
+                                                         block_size):
+    seen, padded, dropped = _epoch(length, resumes, seed=seed, drop_last=drop_last,
+                                   block_size=block_size)
+    assert len(seen) == len(set(seen))
+    assert len(seen) + dropped == length
+    assert set(seen) <= set(range(length))
+    if drop_last:
+        assert not padded
+    else:
+        assert set(padded) <= set(seen)  # padding repeats, never a new observation
+
+
+def test_every_rank_runs_the_same_steps():
+    plan = Plan(103, 4, world_size=5, drop_last=False)
+    assert plan.steps() == 6
+    _, padding = plan.indices(0, 100, rank=4)
+    assert padding.all()
+    assert Plan(103, 4, world_size=5).steps() == 5
+    assert Plan(103, 4, world_size=5).dropped() == 3
+
+
+def test_epoch_seed_mixes_seed_and_epoch():
+    assert epoch_seed(1, 0) != epoch_seed(0, 1)
+    a = Plan(1000, 10, seed=1).indices(0, 0, 0)[0]
+    b = Plan(1000, 10, seed=0).indices(1, 0, 0)[0]
+    assert not np.array_equal(a, b)
+    assert epoch_seed(5, 7) == epoch_seed(5, 7)
+
+
+def test_epochs_differ_and_are_permutations():
+    plan = Plan(500, 500)
+    first, second = plan.indices(0, 0, 0)[0], plan.indices(1, 0, 0)[0]
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(500))
+    assert not np.array_equal(first, second)
+
+
+def test_no_shuffle_is_seed_001_split():
+    plan = Plan(16, 2, world_size=4, shuffle=False)
+    assert plan.indices(0, 8, rank=1)[0].tolist() == [9, 13]
+
+
+@pytest.mark.parametrize("length", [2**40, 10**12, 2**63])
+def test_large_lengths_cost_the_same_at_any_step(length):
+    plan = Plan(length, 32, world_size=1000, seed=9)
+    far = min(10**9, plan.steps() // 2) * plan.step_size
+    samples = []
+    for consumed in (0, far, length - plan.dropped() - plan.step_size):
+        for rank in (0, 999):
+            indices, padding = plan.indices(0, consumed, rank)
+            assert not padding.any()
+            assert ((indices >= 0) & (indices < length)).all()
+            samples += indices.tolist()
+    assert len(samples) == len(set(samples))
+    start = time.perf_counter()  # O(batch_size), not O(step): both are instant
+    plan.indices(0, far, 5)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="batch_size"):
+        Plan(10, 0)
+    with pytest.raises(ValueError, match="world_size"):
+        Plan(10, 1, world_size=0)
+    with pytest.raises(ValueError, match="rank"):
+        Plan(10, 1, world_size=2).indices(0, 0, 2)
+    with pytest.raises(ValueError, match="consumed"):
+        Plan(10, 1).indices(0, 11, 0)
+    with pytest.raises(ValueError, match="no step left"):
+        Plan(10, 4).indices(0, 8, 0)
+    with pytest.raises(TypeError, match="length"):
+        Plan(1.5, 1)  # type: ignore[arg-type]
