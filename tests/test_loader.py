@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing
 import os
 import random
-import signal
 import threading
 import time
 import traceback
@@ -256,25 +256,22 @@ def test_kill_and_resume_equals_one_epoch(corpus, tmp_path):
     log, checkpoint = tmp_path / "log", tmp_path / "checkpoint.json"
     windows = open_dataset(corpus).windows(16)
     expected = [list(b.meta.global_indexes) for b in Loader(windows, 4, seed=11, output="batch")]
+    context = multiprocessing.get_context("forkserver")  # no fork beside other threads
+    context.set_forkserver_preload(["zerobatch"])
     rng = random.Random(0)
     kills = 0
     while not (tmp_path / "done").exists():
-        pid = os.fork()
-        if pid == 0:
-            try:
-                _child(corpus, log, checkpoint)
-            finally:
-                os._exit(0)
+        child = context.Process(target=_child, args=(corpus, log, checkpoint))
+        child.start()
         target = rng.randrange(1, len(expected) + 5) if kills < 20 else None
-        while target is not None:
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                break
+        while target is not None and child.is_alive():
             if log.exists() and log.read_text().count("\n") >= target:
-                os.kill(pid, signal.SIGKILL)
+                child.kill()  # SIGKILL
                 kills += 1
                 break
             time.sleep(0.001)
-        os.waitpid(pid, 0) if target is None or not (tmp_path / "done").exists() else None
+        child.join(60)
+        assert child.exitcode is not None
     got = [[int(x) for x in line.split()] for line in log.read_text().splitlines()]
     assert kills >= 10
     assert got == expected
