@@ -183,6 +183,8 @@ class FaultProxy:
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
         class Server(ThreadingHTTPServer):
+            request_queue_size = 256  # many clients connect at once; the default is 5
+
             def handle_error(self, request: Any, client_address: Any) -> None:
                 return  # clients that time out and hang up are part of the test
 

@@ -1,0 +1,295 @@
+"""Token-stream reads from an object store: zerobatch against raw obstore.
+
+moto's S3 server runs on 127.0.0.1 in a child process, behind the tests' fault
+proxy adding ``--latency`` seconds (default 20 ms) to every request: a stand-in
+for an object store's first-byte latency. One run measures:
+
+1. Shuffled windows (``--seq-len`` 2,048 tokens, batch 32) over ``s3://``:
+   batches per second with 0, 4 and 16 batches in flight (a thread pool of
+   that size calling ``TokenWindows.read``: the Loader's prefetch threads, which
+   are not on main yet), against raw obstore fetching the same byte ranges
+   (``get_ranges`` per object, every object at once) with the same number of
+   batches in flight. The target is a ratio of at least 0.8.
+2. Requests per batch and bytes fetched per token delivered, with obstore's
+   coalescing (ranges closer than 1 MiB merged) and without (``coalesce=0``),
+   with and without span metadata, and with blocks of consecutive windows.
+3. Time to the first batch of the dataset (``--gb``, default 1 GB) against
+   downloading a whole shard first (MosaicML, LitData and seed 003 do that).
+4. Bytes transferred to read one tensor of a tensor file, against its size.
+5. GET requests per second at 1,000 and 10,000 ranks (one step per second,
+   windows of 4,096 tokens, batch 32), from the requests per batch measured in
+   2, against S3's ~5,500 GETs/s per prefix.
+
+    python benchmarks/object_store.py [--gb 1.0] [--shard-mb 32] [--latency 0.02]
+        [--seconds 4]
+
+moto serves a range GET by copying the whole object, so its cost per request
+grows with the shard size: keep shards small (32 MiB) or moto, not the client,
+sets the pace (it did at 256 MiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import obstore
+
+from zerobatch.storage import ObjectStorage
+from zerobatch.stream import StreamWriter, open_dataset
+from zerobatch.tensors import safe_open, save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from s3_server import ACCESS, retry_options
+
+SERVE = """
+import sys, threading
+from s3_server import FaultProxy, S3Server
+server = S3Server().start()
+proxy = FaultProxy(server.endpoint)
+proxy.state.latency = float(sys.argv[1])
+print(server.endpoint, proxy.endpoint, flush=True)
+threading.Event().wait()
+"""
+BATCH = 32
+
+
+def options(endpoint: str) -> dict[str, Any]:
+    return {"config": {**ACCESS, "endpoint": endpoint}, **retry_options(timeout=30, budget=120)}
+
+
+class Recording:
+    """Wraps a storage: records each ``read_into`` call's (object, offset, length)."""
+
+    def __init__(self, inner: ObjectStorage) -> None:
+        self.inner = inner
+        self.calls: list[list[tuple[str, int, int]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def read_into(self, handles: Any, offsets: Any, lengths: Any, buffer: Any,
+                  destinations: Any) -> int:
+        keys = self.inner._keys
+        self.calls.append([(keys[int(h)], int(o), int(n))
+                           for h, o, n in zip(handles, offsets, lengths, strict=True)])
+        return self.inner.read_into(handles, offsets, lengths, buffer, destinations)
+
+
+def write_dataset(url: str, endpoint: str, tokens: int, shard_tokens: int,
+                  metadata: bool) -> None:
+    rng = np.random.default_rng(0)
+    doc = 50_000
+    with StreamWriter(url, shard_tokens=shard_tokens, metadata="msgpack" if metadata else None,
+                      storage_options=options(endpoint)) as writer:
+        for d in range(tokens // doc):
+            ids = rng.integers(0, 50_000, doc, dtype=np.uint16)
+            spans = [(s, s + 100, {"doc": d, "at": s}) for s in range(0, doc, 5_000)] \
+                if metadata else None
+            writer.add_document(ids, spans=spans)
+
+
+def in_flight(read: Any, batches: list[np.ndarray], depth: int, seconds: float) -> float:
+    """Batches per second reading ``batches`` in order with ``depth`` in flight."""
+    done, start = 0, time.perf_counter()
+    if depth == 0:
+        for idx in batches:
+            read(idx)
+            done += 1
+            if time.perf_counter() - start > seconds:
+                break
+        return done / (time.perf_counter() - start)
+    with concurrent.futures.ThreadPoolExecutor(depth) as pool:
+        pending = [pool.submit(read, idx) for idx in batches[:depth]]
+        nxt = depth
+        while pending:
+            pending.pop(0).result()
+            done += 1
+            if nxt < len(batches) and time.perf_counter() - start < seconds:
+                pending.append(pool.submit(read, batches[nxt]))
+                nxt += 1
+    return done / (time.perf_counter() - start)
+
+
+def raw_reader(store: Any, prefix: str) -> Any:
+    """Raw obstore: one batch's recorded ranges, every object's get_ranges at once."""
+    loop = asyncio.new_event_loop()
+
+    async def fetch(call: list[tuple[str, int, int]]) -> int:
+        by_key: dict[str, list[tuple[int, int]]] = {}
+        for key, offset, length in call:
+            by_key.setdefault(key, []).append((offset, offset + length))
+        parts = await asyncio.gather(*(
+            obstore.get_ranges_async(store, f"{prefix}/{key}", starts=[a for a, _ in r],
+                                     ends=[b for _, b in r]) for key, r in by_key.items()))
+        return sum(len(memoryview(b)) for part in parts for b in part)
+
+    runner = concurrent.futures.ThreadPoolExecutor(1)
+    runner.submit(loop.run_forever)
+
+    def read(call: list[tuple[str, int, int]]) -> int:
+        return asyncio.run_coroutine_threadsafe(fetch(call), loop).result()
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(loop.stop)
+        runner.shutdown()
+
+    return read, stop
+
+
+def count_gets(proxy_log: Any, run: Any) -> tuple[int, int]:
+    """(GET requests, bytes in their Range headers) during ``run()``."""
+    before = proxy_log()
+    run()
+    after = proxy_log()
+    gets = [r for r in after[len(before):] if r[0] == "GET" and r[2]]
+    total = 0
+    for _, _, span in gets:
+        a, b = span.removeprefix("bytes=").split("-")
+        total += int(b) - int(a) + 1
+    return len(gets), total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gb", type=float, default=1.0)
+    parser.add_argument("--latency", type=float, default=0.02)
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--shard-mb", type=int, default=32)
+    args = parser.parse_args()
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    print(f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  load={os.getloadavg()[0]:.2f}  "
+          f"date={time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  "
+          f"latency={args.latency * 1e3:.0f} ms per request")
+    tests = str(Path(__file__).resolve().parents[1] / "tests")
+    server = subprocess.Popen([sys.executable, "-c", SERVE, str(args.latency)],
+                              stdout=subprocess.PIPE, text=True, cwd=tests,
+                              env={**os.environ, "PYTHONPATH": tests})
+    try:
+        assert server.stdout is not None
+        direct, proxied = server.stdout.readline().split()
+        run(args, direct, proxied)
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def run(args: argparse.Namespace, direct: str, proxied: str) -> None:
+    tokens = int(args.gb * 2**30 / 2)
+    shard_tokens = args.shard_mb * 2**19  # uint16 tokens; moto copies a whole object per GET
+    url = "s3://zerobatch-test/bench"
+    started = time.perf_counter()
+    write_dataset(url, direct, tokens, shard_tokens, metadata=False)
+    print(f"wrote {tokens * 2 / 2**30:.2f} GiB ({tokens:,} tokens, "
+          f"{-(-tokens // shard_tokens)} shards) in {time.perf_counter() - started:.1f} s")
+    seq = args.seq_len
+
+    # 3. first batch, before anything else touches the dataset (kernels compiled first,
+    # on a small local dataset: JIT compilation is not a storage cost)
+    with tempfile.TemporaryDirectory() as tmp:
+        with StreamWriter(tmp + "/warm") as writer:
+            writer.add_document(np.arange(10_000) % 1000)
+        open_dataset(tmp + "/warm").windows(seq).read(np.arange(BATCH) % 4)
+    rng = np.random.default_rng(1)
+    started = time.perf_counter()
+    ds = open_dataset(url, storage_options=options(proxied))
+    windows = ds.windows(seq)
+    windows.read(rng.integers(0, len(windows), BATCH))
+    first = time.perf_counter() - started
+    store = obstore.store.from_url("s3://zerobatch-test", **options(proxied))
+    started = time.perf_counter()
+    whole = obstore.get(store, "bench/00000.tokens").bytes()
+    np.frombuffer(whole, dtype=np.uint16)[:BATCH * (seq + 1)].copy()
+    download = time.perf_counter() - started
+    print(f"\n3. first batch: zerobatch {first * 1e3:.0f} ms; download a whole "
+          f"{len(whole) / 2**20:.0f} MiB shard first {download * 1e3:.0f} ms "
+          f"({download / first:.1f}x longer)")
+    del whole
+
+    # 1. shuffled windows against raw obstore, same ranges, same batches in flight
+    recording = Recording(ObjectStorage(url, **options(proxied)))
+    ds = open_dataset(url, storage=recording)
+    windows = ds.windows(seq)
+    batches = [rng.integers(0, len(windows), BATCH) for _ in range(150)]
+    for idx in batches:
+        windows.read(idx)
+    calls = recording.calls[-len(batches):]
+    raw, stop = raw_reader(store, "bench")
+    print(f"\n1. shuffled windows, seq_len {seq}, batch {BATCH}, over s3:// "
+          f"(batches/s; {args.seconds:.0f} s each)")
+    print(f"{'in flight':>10} {'zerobatch':>10} {'raw obstore':>12} {'ratio':>6}")
+    for depth in (0, 4, 16):
+        ours = in_flight(windows.read, batches, depth, args.seconds)
+        theirs = in_flight(raw, calls, depth, args.seconds)
+        print(f"{depth:>10} {ours:>10.1f} {theirs:>12.1f} {ours / theirs:>6.2f}")
+    stop()
+
+    # 2. requests per batch and bytes per token
+    print("\n2. GETs per batch and bytes fetched per token delivered (32 batches each)")
+    print(f"{'case':<44} {'GETs/batch':>10} {'bytes/token':>12}")
+    meta_url = "s3://zerobatch-test/bench-meta"
+    write_dataset(meta_url, direct, 2**24, 2**22, metadata=True)
+    log = proxy_log_reader(proxied)
+    per_batch: dict[str, float] = {}
+    for name, location, coalesce, block in (
+        ("shuffled windows, coalesce 1 MiB", url, 1 << 20, 1),
+        ("shuffled windows, coalesce 0", url, 0, 1),
+        ("blocks of 8 consecutive windows", url, 1 << 20, 8),
+        ("blocks of 32 consecutive windows", url, 1 << 20, 32),
+        ("with span metadata (first use maps index files)", meta_url, 1 << 20, 1),
+    ):
+        storage = ObjectStorage(location, coalesce=coalesce, **options(proxied))
+        dataset = open_dataset(location, storage=storage)
+        src = dataset.windows(seq)
+        picks = []
+        for _ in range(32):
+            starts = rng.integers(0, len(src) - block, BATCH // block)
+            picks.append((starts[:, None] + np.arange(block)).ravel())
+        gets, fetched = count_gets(log, lambda s=src, p=picks: [s.read(i) for i in p])
+        per_batch[name] = gets / 32
+        print(f"{name:<44} {gets / 32:>10.1f} {fetched / (32 * BATCH * seq):>12.2f}")
+
+    # 4. one tensor out of a tensor file
+    tensors = {f"layer{i}": np.zeros((1024, 1024), np.float32) for i in range(16)}
+    tensor_url = "s3://zerobatch-test/bench-tensors/model.bt"
+    save_file(tensors, tensor_url, storage_options=options(direct))
+    size = ObjectStorage("s3://zerobatch-test/bench-tensors", **options(direct)).size("model.bt")
+    with safe_open(tensor_url, "np", storage_options=options(proxied)) as file:
+        gets, fetched = count_gets(log, lambda: file.get_tensor("layer7"))
+    print(f"\n4. one tensor of {size / 2**20:.0f} MiB file: {gets} GET, "
+          f"{fetched / 2**20:.1f} MiB ({fetched / size:.3f} of the file)")
+
+    # 5. at scale, on paper
+    print("\n5. GETs/s at one step per second, windows of 4,096 tokens, batch 32 "
+          "(S3: ~5,500 GETs/s per prefix)")
+    for name in ("shuffled windows, coalesce 1 MiB", "blocks of 8 consecutive windows",
+                 "blocks of 32 consecutive windows"):
+        rate = per_batch[name]
+        print(f"  {name:<34} 1,000 ranks: {rate * 1000:>9,.0f}/s   "
+              f"10,000 ranks: {rate * 10000:>10,.0f}/s   "
+              f"prefixes needed at 10,000: {int(np.ceil(rate * 10000 / 5500))}")
+
+
+def proxy_log_reader(endpoint: str) -> Any:
+    """The proxy's request log, asked over HTTP (it runs in the server process)."""
+    import json
+    import urllib.request
+
+    def read() -> list[tuple[str, str, str | None]]:
+        with urllib.request.urlopen(f"{endpoint}/__requests__", timeout=10) as response:
+            return [tuple(r) for r in json.loads(response.read())]  # type: ignore[misc]
+    return read
+
+
+if __name__ == "__main__":
+    main()
