@@ -258,3 +258,46 @@ def test_cli_serve(corpus: str) -> None:
     finally:
         process.kill()
         process.wait()
+
+
+def _columns_equal(got: Any, want: Any) -> None:
+    from zerobatch.columnar import Jagged
+
+    if isinstance(want, Jagged):
+        assert isinstance(got, Jagged)
+        np.testing.assert_array_equal(got.offsets - got.offsets[0], want.offsets - want.offsets[0])
+        np.testing.assert_array_equal(got.compact().values, want.compact().values)
+    elif isinstance(want, list):
+        assert [list(x) if isinstance(x, tuple) else x for x in got] == [
+            list(x) if isinstance(x, tuple) else x for x in want
+        ]
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def test_same_as_loader_and_its_state(corpus: str, shared: str) -> None:
+    from zerobatch import Loader
+
+    windows = open_dataset(corpus).windows(SEQ_LEN)
+    options: dict[str, Any] = {"seed": 3, "world_size": 4, "output": "batch", "drop_last": False}
+    for rank in range(4):
+        with Loader(windows, 4, rank=rank, **options) as loader:
+            local = list(loader)
+            state = loader.state_dict()
+        with BatchClient(shared, 4, rank=rank, **options) as client:
+            remote = list(client)
+            assert client.state_dict() == state
+        assert [b.fields for b in remote] == [b.fields for b in local]
+        for got, want in zip(remote, local, strict=True):
+            for name in want.fields:
+                _columns_equal(got[name], want[name])
+    with Loader(windows, 4, seed=3, output="batch") as loader:
+        next(iter(loader))
+        state = loader.state_dict()
+        rest = [np.asarray(b.meta.global_indexes) for b in loader]
+    with BatchClient(shared, 4, seed=3, output="batch") as client:
+        client.load_state_dict(state)
+        got = [np.asarray(b.meta.global_indexes) for b in client]
+    assert len(got) == len(rest) > 0
+    for a, b in zip(got, rest, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -15,10 +15,9 @@ from collections import OrderedDict
 from collections.abc import Collection
 from typing import Any
 
-import numpy as np
-
 from zerobatch.columnar.wire import expect
 from zerobatch.errors import FormatError
+from zerobatch.loader import _fingerprint, _with_padding
 from zerobatch.service._transport import CurveKeys, Server, no_payload
 
 __all__ = ["PLAN_KEYS", "BatchServer", "serve_dataset"]
@@ -55,8 +54,7 @@ class BatchServer(Server):
         max_batch_size: the largest ``batch_size`` a request may ask for (rows).
 
     Ops: ``info`` answers ``length`` and ``fingerprint``; ``batch`` answers one
-    batch. A ``padding`` key (bin, one byte per row) is in a batch reply when
-    the plan padded rows (``drop_last=False`` at the end of an epoch).
+    batch, with the Loader's boolean ``padding`` column when ``drop_last=False``.
     Thread safety: serve from one thread; ``source.read`` is only called there.
     """
 
@@ -114,10 +112,9 @@ class BatchServer(Server):
             )
         indices, padding = plan.indices(args["epoch"], consumed, args["rank"])
         batch = self.source.read(indices)
-        reply: dict[str, Any] = {}
-        if padding is not None and np.any(padding):
-            reply["padding"] = np.asarray(padding, dtype=np.bool_).tobytes()
-        return reply, batch.to_frames()
+        if not plan.drop_last:
+            batch = _with_padding(batch, padding)  # the Loader's padding column
+        return {}, batch.to_frames()
 
     def _plan(self, args: dict[str, Any]) -> Any:
         """The Plan for these arguments (the last few are kept; building one is cheap)."""
@@ -149,9 +146,6 @@ class BatchServer(Server):
         return plan
 
 
-def _fingerprint(source: Any) -> str | None:
-    value = getattr(source, "fingerprint", None)
-    return value if isinstance(value, str) else None
 
 
 def serve_dataset(

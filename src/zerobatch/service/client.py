@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zerobatch.columnar import Batch
+from zerobatch.loader import Loader, resolve_rank
 from zerobatch.service._fetch import Fetcher
 from zerobatch.service._transport import CurveKeys
 
@@ -66,7 +67,7 @@ class BatchClient:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if output not in ("torch", "numpy", "batch"):
             raise ValueError(f"output must be 'torch', 'numpy' or 'batch', got {output!r}")
-        rank, world_size = _rank_world(rank, world_size)
+        rank, world_size, _ = resolve_rank(rank, world_size)
         self.batch_size = batch_size
         self.seed = seed
         self.shuffle = shuffle
@@ -85,7 +86,7 @@ class BatchClient:
         )
         info, _ = self._fetcher.request({"op": "info"})
         self.length: int = info["length"]
-        self.fingerprint: str | None = info.get("fingerprint")
+        self._fingerprint: str | None = info.get("fingerprint")
         from zerobatch.plan import Plan
 
         self._plan = Plan(
@@ -97,6 +98,7 @@ class BatchClient:
             drop_last=drop_last,
             block_size=block_size,
         )
+        self.rank = self._plan.check_rank(rank)
         self._epoch = 0
         self._consumed = 0
 
@@ -110,19 +112,15 @@ class BatchClient:
         self._consumed = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """What was received so far: JSON-able, the Loader's shape."""
-        return {
-            "version": 1,
-            "seed": self.seed,
-            "epoch": self._epoch,
-            "consumed": self._consumed,
-            "fingerprint": self.fingerprint,
-        }
+        """What the caller received: the Loader's state, so either resumes the other."""
+        return Loader.state_dict(self)  # type: ignore[arg-type]  # the same four attributes
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume after the last batch ``state`` counted (any world_size or batch_size)."""
-        self._epoch = state["epoch"]
-        self._consumed = state["consumed"]
+        """Resume after ``state`` (a client's or a Loader's), any world_size or batch_size."""
+        Loader.load_state_dict(self, state)  # type: ignore[arg-type]  # checks as the Loader
+
+    def _stop(self) -> None:
+        """Nothing runs between iterations (Loader.load_state_dict calls this)."""
 
     def _requests(self) -> Iterator[tuple[Any, dict[str, Any]]]:
         step = self._plan.step_size
@@ -148,12 +146,9 @@ class BatchClient:
                 )
 
     def __iter__(self) -> Iterator[Any]:
-        step = self._plan.step_size
         for (epoch, consumed), _reply, frames in self._fetcher.run(self._requests()):
             batch = Batch.from_frames(frames)
-            self._epoch, self._consumed = epoch, consumed + step
-            if self._consumed >= self.length or self._plan.steps(self._consumed) == 0:
-                self._epoch, self._consumed = epoch + 1, 0
+            Loader._received(self, epoch, consumed)  # type: ignore[arg-type]  # same state
             yield self._convert(batch)
 
     def _convert(self, batch: Batch) -> Any:
@@ -174,11 +169,3 @@ class BatchClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    world = 1 if world_size is None else world_size
-    r = 0 if rank is None else rank
-    if not 0 <= r < world:
-        raise ValueError(f"rank {r} outside [0, world_size={world})")
-    return r, world
