@@ -27,6 +27,10 @@ class Recorder:
         self.read_windows: list[np.ndarray] = []
         self.fingerprint = source.fingerprint
 
+    @property
+    def seq_len(self) -> int:
+        return int(self.source.seq_len)
+
     def __len__(self) -> int:
         return len(self.source)
 
@@ -90,6 +94,18 @@ def main() -> None:
             save(f"ds{call}y", y)
         saved["ds_read"] = np.concatenate(recorder.read_windows)
     saved["log_records"] = np.array(len(records))
+
+    # Loader(output="jax"): rank and world size from JAX, three steps.
+    from zerobatch import Loader
+
+    source = Recorder(open_npy(folder + "/train").windows(8, dtype="int32"))
+    with Loader(source, 4, output="jax", sharding=sharding, microbatch=2, seed=6,
+                prefetch=0) as loader:
+        assert (loader.rank, loader.world_size) == (int(process_id), 2)
+        for step, (x, y) in zip(range(3), loader, strict=False):
+            save(f"ld{step}x", x)
+            save(f"ld{step}y", y)
+    saved["ld_read"] = np.concatenate(source.read_windows)
     np.savez(out, **saved)
     jax.distributed.shutdown()
 

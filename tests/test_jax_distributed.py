@@ -15,6 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from zerobatch import Loader
 from zerobatch.jax import ShardDataset, to_global
 from zerobatch.stream.npy import open_npy
 
@@ -108,3 +109,15 @@ def test_shard_dataset_matches_one_process(
     assert len(read[0]) == len(read[1]) == 3 * 2 * 8 // 2  # each process half of each call
     assert not set(read[0].tolist()) & set(read[1].tolist())
     assert saved[0]["log_records"] > 0 and saved[1]["log_records"] == 0  # process 0 logs
+
+
+def test_loader_matches_one_process(runs: tuple[Path, list[dict[str, np.ndarray]]]) -> None:
+    root, saved = runs
+    source = open_npy(root / "train").windows(8, dtype="int32")
+    sharding = NamedSharding(mesh8(), P("pp", "dp", "tp"))
+    with Loader(source, 8, output="jax", sharding=sharding, microbatch=2, seed=6) as loader:
+        for step, (x, y) in zip(range(3), loader, strict=False):
+            _check_same(saved, f"ld{step}x", np.asarray(x))
+            _check_same(saved, f"ld{step}y", np.asarray(y))
+    read = [set(s["ld_read"].tolist()) for s in saved]
+    assert len(read[0]) == len(read[1]) == 3 * 4 and not read[0] & read[1]

@@ -44,7 +44,7 @@ from zerobatch.plan import Plan
 __all__ = ["Loader", "Source", "resolve_rank"]
 
 STATE_VERSION = 1
-OUTPUTS = ("torch", "numpy", "batch")
+OUTPUTS = ("torch", "numpy", "batch", "jax")
 _log = logging.getLogger("zerobatch.loader")
 _logged_rank_source = False
 _warned_pin = False
@@ -113,10 +113,17 @@ def _produce(
     source: Any, plan: Plan, epoch: int, consumed: int, rank: int,
     transform: Callable[[Batch], Batch] | None, convert: Callable[[Batch], Any],
 ) -> Any:
-    """One step: plan, read, mark padding, transform, convert (runs on a worker thread)."""
-    indices, padding = plan.indices(epoch, consumed, rank)
+    """One step: plan, read, mark padding, transform, convert (runs on a worker thread).
+
+    With ``output="jax"``, ``convert`` (``zerobatch.jax.GlobalSteps``) also says
+    which observations this process reads: the rows its devices hold."""
+    global_indices = getattr(convert, "indices", None)
+    if global_indices is not None:
+        indices, padding = global_indices(consumed, plan.order(epoch)), None
+    else:
+        indices, padding = plan.indices(epoch, consumed, rank)
     batch = source.read(indices)
-    if not plan.drop_last:
+    if padding is not None and not plan.drop_last:
         batch = _with_padding(batch, padding)
     if transform is not None:
         batch = transform(batch)
@@ -138,7 +145,14 @@ class Loader:
         drop_last: skip the epoch's tail (True) or pad the last step and add a
             boolean ``padding`` column (False). Every rank runs the same steps.
         output: ``"torch"`` (dict of tensors sharing the batch's memory),
-            ``"numpy"`` (dict of arrays) or ``"batch"`` (the columnar Batch).
+            ``"numpy"`` (dict of arrays), ``"batch"`` (the columnar Batch) or
+            ``"jax"``: global ``jax.Array``s, ``(x, y)`` (inputs, labels) or a
+            dict, of ``batch_size * world_size`` windows per step placed with
+            ``sharding``, laid out ``(microbatch, rows // microbatch, seq_len)``
+            with ``microbatch`` (see ``zerobatch.jax.GlobalSteps``). Each process
+            reads only the rows its devices hold; the reader threads put the
+            next steps on the devices while the current one runs. ``rank`` and
+            ``world_size`` then default to JAX's process index and count.
         epochs: epochs one ``for`` loop runs from the current position
             (None: forever, each epoch freshly shuffled).
         block_size: keep runs of this many consecutive observations together.
@@ -164,12 +178,14 @@ class Loader:
         prefetch: int = 2,
         num_threads: int = 1,
         drop_last: bool = True,
-        output: Literal["torch", "numpy", "batch"] = "torch",
+        output: Literal["torch", "numpy", "batch", "jax"] = "torch",
         epochs: int | None = 1,
         block_size: int | None = None,
         transform: Callable[[Batch], Batch] | None = None,
         pin_memory: bool = False,
         device: Any = None,
+        sharding: Any = None,
+        microbatch: int | None = None,
     ) -> None:
         global _logged_rank_source
         if not callable(getattr(source, "read", None)) or not hasattr(source, "__len__"):
@@ -187,6 +203,19 @@ class Loader:
             raise ValueError(f"transform must be callable, got {type(transform).__name__}")
         if (pin_memory or device is not None) and output != "torch":
             raise ValueError("pin_memory and device need output='torch'")
+        if output == "jax":
+            if sharding is None:
+                raise ValueError("output='jax' needs sharding= (a jax.sharding.Sharding of "
+                                 "each step's global arrays)")
+            if not drop_last:
+                raise ValueError("output='jax' needs drop_last=True: every step fills "
+                                 "its global arrays")
+            if rank is None and world_size is None:
+                import jax
+
+                rank, world_size = jax.process_index(), jax.process_count()
+        elif sharding is not None or microbatch is not None:
+            raise ValueError("sharding and microbatch need output='jax'")
         rank, world_size, origin = resolve_rank(rank, world_size)
         if origin != "arguments" and not _logged_rank_source:
             _log.info("zerobatch Loader: rank %d of %d from %s", rank, world_size, origin)
@@ -202,6 +231,16 @@ class Loader:
         self._transform = transform
         self._pin_memory = pin_memory
         self._device = device
+        self._global: Any = None
+        if output == "jax":
+            seq_len = getattr(source, "seq_len", None)
+            if seq_len is None:
+                raise ValueError(f"output='jax' needs a source of fixed-length windows (a "
+                                 f"seq_len attribute); got {type(source).__name__}")
+            from zerobatch.jax import GlobalSteps
+
+            self._global = GlobalSteps(sharding, rows=self._plan.step_size, seq_len=seq_len,
+                                       microbatch=microbatch)
         self._fingerprint = _fingerprint(source)
         self._epoch = 0
         self._consumed = 0
@@ -269,6 +308,8 @@ class Loader:
             return _torch_output(self._pin_memory, self._device)
         if self._output == "numpy":
             return Batch.to_numpy
+        if self._output == "jax":
+            return self._global
         return lambda batch: batch
 
     def state_dict(self) -> dict[str, Any]:
