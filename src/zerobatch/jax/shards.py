@@ -12,8 +12,9 @@ training steps, e.g. for gradient accumulation). What changed:
 - Each process reads only the rows its own devices hold, and the next calls'
   rows are read and placed on the devices in a background thread while the
   current step runs (``prefetch`` calls ahead, assuming the same ``step``).
-- ``shuffle=True`` shuffles windows globally (a Feistel permutation per epoch,
-  from ``seed`` and the epoch); ``shuffle=False`` walks the stream in order.
+- ``shuffle=True`` shuffles windows globally through the Loader's plan
+  (``zerobatch.plan.Plan.order``: a Feistel permutation per epoch, from
+  ``seed`` and the epoch); ``shuffle=False`` walks the stream in order.
 - ``state_dict()`` / ``load_state_dict()`` resume exactly (epoch, position).
 - Every divisibility condition is checked when the dataset is built.
 
@@ -34,10 +35,9 @@ from typing import Any
 
 import jax
 import numpy as np
-import xxhash
 
 from zerobatch.jax._global import check_layout, local_rows, to_global
-from zerobatch.shuffle import Feistel
+from zerobatch.plan import Plan
 from zerobatch.storage import is_url, join, local_path, open_storage
 from zerobatch.stream.npy import NpyTokens, open_npy
 
@@ -51,10 +51,6 @@ def _log(message: str) -> None:
     """Log on process 0 only (every process would say the same)."""
     if jax.process_index() == 0:
         _logger.info(message)
-
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    return xxhash.xxh64_intdigest(f"{seed}:{epoch}".encode())
 
 
 def _open_split(location: str | os.PathLike[str], folder: str,
@@ -217,10 +213,10 @@ class ShardDataset:
             positions = np.arange(step * self._rows, dtype=np.int64)
         else:
             positions = local_rows(self.partition, shape)
+        plan = Plan(len(self._windows), self._rows, seed=self._seed, shuffle=self._shuffle)
+        order = plan.order(epoch)  # the Loader's epoch order: the same seed, the same windows
         windows = consumed + positions
-        if self._shuffle:
-            windows = Feistel(len(self._windows), _epoch_seed(self._seed, epoch))(windows)
-        batch = self._windows.read(windows)
+        batch = self._windows.read(windows if order is None else order(windows))
         if self.partition is None:
             return (jax.device_put(np.asarray(batch["input_ids"]).reshape(shape)),
                     jax.device_put(np.asarray(batch["labels"]).reshape(shape)))
