@@ -298,10 +298,7 @@ class Loader:
 
     def _received(self, epoch: int, consumed: int) -> None:
         """The caller has the step (epoch, consumed): move the state past it."""
-        consumed += self._plan.step_size
-        if self._plan.steps(min(consumed, self._plan.length)) == 0:
-            epoch, consumed = epoch + 1, 0
-        self._epoch, self._consumed = epoch, consumed
+        self._epoch, self._consumed = self._plan.after(epoch, consumed)
 
     def _converter(self) -> Callable[[Batch], Any]:
         if self._output == "torch":
@@ -400,9 +397,7 @@ class _Iterator:
         epoch, consumed = self._step
         if self._last_epoch is not None and epoch >= self._last_epoch:
             return None
-        self._step = (epoch, consumed + self._plan.step_size)
-        if self._plan.steps(min(self._step[1], self._plan.length)) == 0:
-            self._step = (epoch + 1, 0)
+        self._step = self._plan.after(epoch, consumed)
         return epoch, consumed
 
     def _run(self, epoch: int, consumed: int) -> Any:

@@ -38,19 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from zerobatch.shuffle import MAX_LENGTH, BlockShuffle, Feistel
+from zerobatch.shuffle import MAX_LENGTH, BlockShuffle, Feistel, _splitmix64
 
 __all__ = ["Plan", "epoch_seed"]
 
 _MASK64 = (1 << 64) - 1
 _EPOCH_DOMAIN = 0x45504F4348534544  # "EPOCHSED": keeps epoch seeds apart from plain seeds
-
-
-def _splitmix64(value: int) -> int:
-    z = value & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
@@ -142,6 +135,12 @@ class Plan:
     def dropped(self, consumed: int = 0) -> int:
         """Observations the epoch skips at its tail when resumed at ``consumed``."""
         return self.length - self.end(consumed)
+
+    def after(self, epoch: int, consumed: int) -> tuple[int, int]:
+        """The (epoch, consumed) after the step starting at ``consumed``: the next
+        epoch's start once this epoch has no step left."""
+        consumed = min(consumed + self.step_size, self.length)
+        return (epoch + 1, 0) if self.steps(consumed) == 0 else (epoch, consumed)
 
     def order(self, epoch: int) -> Feistel | BlockShuffle | None:
         """The permutation from positions to observations (None: the identity)."""

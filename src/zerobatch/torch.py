@@ -47,6 +47,4 @@ class LoaderDataset(torch.utils.data.IterableDataset):
                 yield _produce(loader._source, plan, epoch, consumed, loader.rank,
                                loader._transform, convert)
             step += 1
-            consumed += plan.step_size
-            if plan.steps(min(consumed, plan.length)) == 0:
-                epoch, consumed = epoch + 1, 0
+            epoch, consumed = plan.after(epoch, consumed)
