@@ -39,11 +39,10 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.columnar import Batch
-from zerobatch.plan import Plan
+from zerobatch.plan import Plan, Position
 
-__all__ = ["Loader", "Source", "resolve_rank"]
+__all__ = ["Loader", "Source", "fingerprint", "read_step", "resolve_rank"]
 
-STATE_VERSION = 1
 OUTPUTS = ("torch", "numpy", "batch", "jax")
 _log = logging.getLogger("zerobatch.loader")
 _logged_rank_source = False
@@ -85,12 +84,22 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int, st
     return 0, 1, "default (single process)"
 
 
-def _fingerprint(source: Any) -> str | None:
+def fingerprint(source: Any) -> str | None:
+    """The identity a state stores for ``source``: its ``fingerprint`` attribute
+    as a str, or None when it has none."""
     value = getattr(source, "fingerprint", None)
     return None if value is None else str(value)
 
 
-def _with_padding(batch: Batch, padding: npt.NDArray[np.bool_]) -> Batch:
+def read_step(source: Any, plan: Plan, epoch: int, consumed: int, rank: int) -> Batch:
+    """Rank ``rank``'s batch of ``epoch``'s step starting at global position
+    ``consumed``, read from ``source``; with ``plan.drop_last`` False it gains the
+    boolean ``padding`` column (True on rows that pad the epoch's last step).
+    What the Loader, ``zerobatch.torch`` and ``BatchServer`` read at a step."""
+    indices, padding = plan.indices(epoch, consumed, rank)
+    batch = source.read(indices)
+    if plan.drop_last:
+        return batch
     columns = batch.to_numpy()
     columns["padding"] = padding
     return Batch.from_columns(columns, batch.meta)
@@ -107,27 +116,6 @@ def _torch_output(pin_memory: bool, device: Any) -> Callable[[Batch], Any]:
             _warned_pin = True
         pin_memory = False
     return lambda batch: batch.to_torch(pin_memory=pin_memory, device=device)
-
-
-def _produce(
-    source: Any, plan: Plan, epoch: int, consumed: int, rank: int,
-    transform: Callable[[Batch], Batch] | None, convert: Callable[[Batch], Any],
-) -> Any:
-    """One step: plan, read, mark padding, transform, convert (runs on a worker thread).
-
-    With ``output="jax"``, ``convert`` (``zerobatch.jax.GlobalSteps``) also says
-    which observations this process reads: the rows its devices hold."""
-    global_indices = getattr(convert, "indices", None)
-    if global_indices is not None:
-        indices, padding = global_indices(consumed, plan.order(epoch)), None
-    else:
-        indices, padding = plan.indices(epoch, consumed, rank)
-    batch = source.read(indices)
-    if padding is not None and not plan.drop_last:
-        batch = _with_padding(batch, padding)
-    if transform is not None:
-        batch = transform(batch)
-    return convert(batch)
 
 
 class Loader:
@@ -241,9 +229,8 @@ class Loader:
 
             self._global = GlobalSteps(sharding, rows=self._plan.step_size, seq_len=seq_len,
                                        microbatch=microbatch)
-        self._fingerprint = _fingerprint(source)
-        self._epoch = 0
-        self._consumed = 0
+        self._position = Position(self._plan, fingerprint(source))
+        self._convert: Callable[[Batch], Any] | None = None
         self._iterator: weakref.ref[_Iterator] | None = None  # weak: no cycle, no leak
 
     @property
@@ -264,7 +251,17 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next batch comes from."""
-        return self._epoch
+        return self._position.epoch
+
+    @property
+    def epochs(self) -> int | None:
+        """Epochs one ``for`` loop runs from the current position (None: forever)."""
+        return self._epochs
+
+    @property
+    def fingerprint(self) -> str | None:
+        """The source's identity, stored in the state (:func:`fingerprint`)."""
+        return self._position.fingerprint
 
     def __len__(self) -> int:
         """Steps (batches for this rank) in a whole epoch."""
@@ -272,16 +269,16 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({type(self._source).__name__}, batch_size={self._plan.batch_size}, "
-                f"rank={self._rank}, world_size={self.world_size}, epoch={self._epoch}, "
-                f"consumed={self._consumed})")
+                f"rank={self._rank}, world_size={self.world_size}, epoch={self.epoch}, "
+                f"consumed={self._position.consumed})")
 
     def set_epoch(self, epoch: int) -> None:
         """Jump to the start of ``epoch``; the current epoch keeps a resumed position."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        if epoch != self._epoch:
+        if epoch != self.epoch:
             self._stop()
-            self._epoch, self._consumed = epoch, 0
+            self._position.start_epoch(epoch)
 
     def __iter__(self) -> Iterator[Any]:
         """Batches from the current position; a new iterator replaces the last one."""
@@ -296,60 +293,55 @@ class Loader:
         self._iterator = weakref.ref(iterator)
         return iterator
 
-    def _received(self, epoch: int, consumed: int) -> None:
-        """The caller has the step (epoch, consumed): move the state past it."""
-        self._epoch, self._consumed = self._plan.after(epoch, consumed)
+    def steps(self) -> Iterator[tuple[int, int]]:
+        """The steps ``(epoch, consumed)`` the next ``for`` loop yields, in order."""
+        return self._position.steps(self._epochs)
+
+    def produce(self, epoch: int, consumed: int) -> Any:
+        """This rank's output for the step ``(epoch, consumed)``: read (with the
+        ``padding`` column when drop_last is False), transform, convert, in the
+        calling thread. The state does not move; the reader threads call this.
+
+        With ``output="jax"``, ``zerobatch.jax.GlobalSteps`` says which
+        observations this process reads: the rows its devices hold."""
+        convert = self._converter()
+        if self._global is not None:
+            batch = self._source.read(self._global.indices(consumed, self._plan.order(epoch)))
+        else:
+            batch = read_step(self._source, self._plan, epoch, consumed, self._rank)
+        if self._transform is not None:
+            batch = self._transform(batch)
+        return convert(batch)
+
+    def received(self, epoch: int, consumed: int) -> None:
+        """The caller has the step ``(epoch, consumed)``: the state moves past it.
+        The loader's own iterator calls this as it yields."""
+        self._position.received(epoch, consumed)
 
     def _converter(self) -> Callable[[Batch], Any]:
-        if self._output == "torch":
-            return _torch_output(self._pin_memory, self._device)
-        if self._output == "numpy":
-            return Batch.to_numpy
-        if self._output == "jax":
-            return self._global
-        return lambda batch: batch
+        if self._convert is None:
+            if self._output == "torch":
+                self._convert = _torch_output(self._pin_memory, self._device)
+            elif self._output == "numpy":
+                self._convert = Batch.to_numpy
+            elif self._output == "jax":
+                self._convert = self._global
+            else:
+                self._convert = _same
+        return self._convert
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-able position of what the caller has received. O(1)."""
-        plan = self._plan
-        return {
-            "version": STATE_VERSION,
-            "seed": int(plan.seed),
-            "epoch": self._epoch,
-            "consumed": self._consumed,
-            "length": plan.length,
-            "shuffle": plan.shuffle,
-            "block_size": plan.block_size,
-            "fingerprint": self._fingerprint,
-        }
+        """JSON-able position of what the caller has received
+        (:meth:`zerobatch.plan.Position.state_dict`). O(1)."""
+        return self._position.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after what ``state`` says was received, with this
         loader's world_size, batch_size, prefetch and threads. ValueError names
         what differs when the state belongs to another source, seed or version."""
-        if not isinstance(state, dict):
-            raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state has version {state.get('version')!r}; this zerobatch "
-                             f"reads version {STATE_VERSION}")
-        mine = self.state_dict()
-        for key in ("fingerprint", "length", "seed", "shuffle", "block_size"):
-            if state.get(key) != mine[key]:
-                raise ValueError(
-                    f"state was saved with {key}={state.get(key)!r}, this loader has "
-                    f"{mine[key]!r}: it belongs to another source or order"
-                )
-        epoch, consumed = state.get("epoch"), state.get("consumed")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"state has epoch={epoch!r}; expected an int >= 0")
-        if (isinstance(consumed, bool) or not isinstance(consumed, int)
-                or not 0 <= consumed <= self._plan.length):
-            raise ValueError(f"state has consumed={consumed!r}; expected an int in "
-                             f"[0, {self._plan.length}]")
+        step = self._position.check(state)
         self._stop()
-        if self._plan.steps(consumed) == 0:
-            epoch, consumed = epoch + 1, 0
-        self._epoch, self._consumed = epoch, consumed
+        self._position.epoch, self._position.consumed = step
 
     def _stop(self) -> None:
         iterator = None if self._iterator is None else self._iterator()
@@ -369,6 +361,10 @@ class Loader:
         self.close()
 
 
+def _same(batch: Batch) -> Batch:
+    return batch
+
+
 def _shutdown(executor: concurrent.futures.ThreadPoolExecutor, wait: bool) -> None:
     executor.shutdown(wait=wait, cancel_futures=True)
 
@@ -378,12 +374,8 @@ class _Iterator:
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
-        self._plan = loader._plan
-        self._step = (loader._epoch, loader._consumed)  # next step to schedule
-        self._last_epoch = None if loader._epochs is None else loader._epoch + loader._epochs
-        self._pending: collections.deque[tuple[int, int, Any]] = collections.deque()
-        self._convert = loader._converter()
-        self._args = (loader._source, self._plan)
+        self._steps = loader.steps()  # the steps left to schedule
+        self._pending: collections.deque[tuple[tuple[int, int], Any]] = collections.deque()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._finalizer: Any = None
         if loader._prefetch > 0 and loader._num_threads > 0:
@@ -393,27 +385,13 @@ class _Iterator:
             self._finalizer = weakref.finalize(self, _shutdown, self._executor, False)
         self._done = False
 
-    def _next_step(self) -> tuple[int, int] | None:
-        epoch, consumed = self._step
-        if self._last_epoch is not None and epoch >= self._last_epoch:
-            return None
-        self._step = self._plan.after(epoch, consumed)
-        return epoch, consumed
-
-    def _run(self, epoch: int, consumed: int) -> Any:
-        loader = self._loader
-        return _produce(*self._args, epoch, consumed, loader._rank, loader._transform,
-                        self._convert)
-
     def _fill(self) -> None:
         assert self._executor is not None
         while len(self._pending) < self._loader._prefetch + 1:
-            step = self._next_step()
+            step = next(self._steps, None)
             if step is None:
                 return
-            future = self._executor.submit(_produce, *self._args, *step, self._loader._rank,
-                                           self._loader._transform, self._convert)
-            self._pending.append((*step, future))
+            self._pending.append((step, self._executor.submit(self._loader.produce, *step)))
 
     def __iter__(self) -> _Iterator:
         return self
@@ -422,12 +400,12 @@ class _Iterator:
         if self._done:
             raise StopIteration
         if self._executor is None:
-            step = self._next_step()
+            step = next(self._steps, None)
             if step is None:
                 self.close()
                 raise StopIteration
             try:
-                item = self._run(*step)
+                item = self._loader.produce(*step)
             except BaseException:
                 self.close()
                 raise
@@ -436,14 +414,13 @@ class _Iterator:
             if not self._pending:
                 self.close()
                 raise StopIteration
-            epoch, consumed, future = self._pending.popleft()
+            step, future = self._pending.popleft()
             try:
                 item = future.result()
             except BaseException:
                 self.close()
                 raise
-            step = (epoch, consumed)
-        self._loader._received(*step)
+        self._loader.received(*step)
         return item
 
     def close(self) -> None:

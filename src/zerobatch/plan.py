@@ -33,14 +33,19 @@ O(batch_size), whatever the step or the length (up to 2**63).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from zerobatch.shuffle import MAX_LENGTH, BlockShuffle, Feistel, _splitmix64
 
-__all__ = ["Plan", "epoch_seed"]
+__all__ = ["STATE_VERSION", "Plan", "Position", "epoch_seed"]
+
+STATE_VERSION = 1
+"""The version of :meth:`Position.state_dict`'s layout."""
 
 _MASK64 = (1 << 64) - 1
 _EPOCH_DOMAIN = 0x45504F4348534544  # "EPOCHSED": keeps epoch seeds apart from plain seeds
@@ -173,3 +178,99 @@ class Plan:
         order = self.order(epoch)
         indices = positions if order is None else order(positions)
         return np.asarray(indices, dtype=np.int64), padding
+
+
+class Position:
+    """Where a consumer stands in a plan: the step ``(epoch, consumed)`` it
+    receives next. The Loader, ``zerobatch.torch`` and ``BatchClient`` share it,
+    so their states resume one another.
+
+    Args:
+        plan: the plan being consumed.
+        fingerprint: the source's identity (:func:`zerobatch.loader.fingerprint`),
+            stored in the state and checked on load.
+
+    >>> position = Position(Plan(10, 2, world_size=2, shuffle=False))
+    >>> position.received(*position.step)
+    >>> position.step, position.state_dict()["consumed"]
+    ((0, 4), 4)
+    >>> [step for step in position.steps(epochs=1)]
+    [(0, 4)]
+
+    Not thread-safe: one consumer moves it.
+    """
+
+    def __init__(self, plan: Plan, fingerprint: str | None = None) -> None:
+        self.plan = plan
+        self.fingerprint = fingerprint
+        self.epoch = 0
+        self.consumed = 0
+
+    @property
+    def step(self) -> tuple[int, int]:
+        """The next step, ``(epoch, consumed)``."""
+        return self.epoch, self.consumed
+
+    def received(self, epoch: int, consumed: int) -> None:
+        """The consumer has the step starting at ``consumed`` of ``epoch``: move past it."""
+        self.epoch, self.consumed = self.plan.after(epoch, consumed)
+
+    def start_epoch(self, epoch: int) -> None:
+        """Move to the first step of ``epoch``."""
+        self.epoch, self.consumed = epoch, 0
+
+    def steps(self, epochs: int | None) -> Iterator[tuple[int, int]]:
+        """The steps ``(epoch, consumed)`` from here to the end of ``epochs``
+        epochs (None: forever), fixed when called; the position itself does not move."""
+        epoch, consumed = self.step
+        return _steps(self.plan, epoch, consumed, None if epochs is None else epoch + epochs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-able: version, seed, epoch, consumed (global positions, the same
+        on every rank), length, shuffle, block_size and fingerprint. O(1)."""
+        plan = self.plan
+        return {
+            "version": STATE_VERSION,
+            "seed": int(plan.seed),
+            "epoch": self.epoch,
+            "consumed": self.consumed,
+            "length": plan.length,
+            "shuffle": plan.shuffle,
+            "block_size": plan.block_size,
+            "fingerprint": self.fingerprint,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue after what ``state`` says was received, with this plan's
+        world_size and batch_size (checked as :meth:`check`)."""
+        self.epoch, self.consumed = self.check(state)
+
+    def check(self, state: dict[str, Any]) -> tuple[int, int]:
+        """The step ``(epoch, consumed)`` that follows ``state``; ValueError names
+        what differs when it belongs to another source, seed, order or version."""
+        if not isinstance(state, dict):
+            raise ValueError(f"state must be a dict from state_dict(), got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state has version {state.get('version')!r}; this zerobatch "
+                             f"reads version {STATE_VERSION}")
+        mine = self.state_dict()
+        for key in ("fingerprint", "length", "seed", "shuffle", "block_size"):
+            if state.get(key) != mine[key]:
+                raise ValueError(
+                    f"state was saved with {key}={state.get(key)!r}, this loader has "
+                    f"{mine[key]!r}: it belongs to another source or order"
+                )
+        epoch, consumed = state.get("epoch"), state.get("consumed")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"state has epoch={epoch!r}; expected an int >= 0")
+        if (isinstance(consumed, bool) or not isinstance(consumed, int)
+                or not 0 <= consumed <= self.plan.length):
+            raise ValueError(f"state has consumed={consumed!r}; expected an int in "
+                             f"[0, {self.plan.length}]")
+        return (epoch + 1, 0) if self.plan.steps(consumed) == 0 else (epoch, consumed)
+
+
+def _steps(plan: Plan, epoch: int, consumed: int, last: int | None) -> Iterator[tuple[int, int]]:
+    while last is None or epoch < last:
+        yield epoch, consumed
+        epoch, consumed = plan.after(epoch, consumed)

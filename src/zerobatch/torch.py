@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.utils.data
 
-from zerobatch.loader import Loader, _produce
+from zerobatch.loader import Loader
 
 __all__ = ["LoaderDataset"]
 
@@ -37,14 +37,6 @@ class LoaderDataset(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[Any]:
         info = torch.utils.data.get_worker_info()
         worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
-        loader = self.loader
-        plan, convert = loader.plan, loader._converter()
-        epoch, consumed = loader._epoch, loader._consumed
-        last = None if loader._epochs is None else epoch + loader._epochs
-        step = 0
-        while last is None or epoch < last:
+        for step, (epoch, consumed) in enumerate(self.loader.steps()):
             if step % workers == worker:
-                yield _produce(loader._source, plan, epoch, consumed, loader.rank,
-                               loader._transform, convert)
-            step += 1
-            epoch, consumed = plan.after(epoch, consumed)
+                yield self.loader.produce(epoch, consumed)

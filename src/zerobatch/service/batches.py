@@ -17,7 +17,7 @@ from typing import Any
 
 from zerobatch.columnar.wire import expect
 from zerobatch.errors import FormatError
-from zerobatch.loader import _fingerprint, _with_padding
+from zerobatch.loader import fingerprint, read_step
 from zerobatch.service._transport import CurveKeys, Server, no_payload
 
 __all__ = ["PLAN_KEYS", "BatchServer", "serve_dataset"]
@@ -86,7 +86,7 @@ class BatchServer(Server):
         op = expect(header, "op", str, where="header", field="op")
         no_payload(op, payload)
         if op == "info":
-            return {"length": self._length, "fingerprint": _fingerprint(self.source)}, []
+            return {"length": self._length, "fingerprint": fingerprint(self.source)}, []
         if op != "batch":
             raise FormatError(
                 f"unknown op {op!r}; expected info or batch", path="header", field="op"
@@ -110,10 +110,7 @@ class BatchServer(Server):
                 f"consumed={consumed} is not the start of one of the epoch's {steps_total} steps "
                 f"of {plan.step_size} positions"
             )
-        indices, padding = plan.indices(args["epoch"], consumed, args["rank"])
-        batch = self.source.read(indices)
-        if not plan.drop_last:
-            batch = _with_padding(batch, padding)  # the Loader's padding column
+        batch = read_step(self.source, plan, args["epoch"], consumed, args["rank"])
         return {}, batch.to_frames()
 
     def _plan(self, args: dict[str, Any]) -> Any:

@@ -10,12 +10,12 @@ reverse), the same elastic resume.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zerobatch.columnar import Batch
-from zerobatch.loader import Loader, resolve_rank
+from zerobatch.loader import resolve_rank
+from zerobatch.plan import Plan, Position
 from zerobatch.service._fetch import Fetcher
 from zerobatch.service._transport import CurveKeys
 
@@ -86,9 +86,6 @@ class BatchClient:
         )
         info, _ = self._fetcher.request({"op": "info"})
         self.length: int = info["length"]
-        self._fingerprint: str | None = info.get("fingerprint")
-        from zerobatch.plan import Plan
-
         self._plan = Plan(
             self.length,
             batch_size,
@@ -99,8 +96,7 @@ class BatchClient:
             block_size=block_size,
         )
         self.rank = self._plan.check_rank(rank)
-        self._epoch = 0
-        self._consumed = 0
+        self._position = Position(self._plan, info.get("fingerprint"))
 
     def __len__(self) -> int:
         """Steps per epoch for this rank (from the start of the epoch)."""
@@ -108,47 +104,38 @@ class BatchClient:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first step at the next iteration."""
-        self._epoch = epoch
-        self._consumed = 0
+        self._position.start_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """What the caller received: the Loader's state, so either resumes the other."""
-        return Loader.state_dict(self)  # type: ignore[arg-type]  # the same four attributes
+        return self._position.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume after ``state`` (a client's or a Loader's), any world_size or batch_size."""
-        Loader.load_state_dict(self, state)  # type: ignore[arg-type]  # checks as the Loader
-
-    def _stop(self) -> None:
-        """Nothing runs between iterations (Loader.load_state_dict calls this)."""
+        self._position.load_state_dict(state)
 
     def _requests(self) -> Iterator[tuple[Any, dict[str, Any]]]:
-        step = self._plan.step_size
-        last = None if self.epochs is None else self._epoch + self.epochs
-        for epoch in itertools.count(self._epoch) if last is None else range(self._epoch, last):
-            start = self._consumed if epoch == self._epoch else 0
-            for k in range(int(self._plan.steps(start))):
-                consumed = start + k * step
-                yield (
-                    (epoch, consumed),
-                    {
-                        "op": "batch",
-                        "seed": self.seed,
-                        "epoch": epoch,
-                        "consumed": consumed,
-                        "rank": self.rank,
-                        "world_size": self.world_size,
-                        "batch_size": self.batch_size,
-                        "shuffle": self.shuffle,
-                        "drop_last": self.drop_last,
-                        "block_size": self.block_size,
-                    },
-                )
+        for epoch, consumed in self._position.steps(self.epochs):
+            yield (
+                (epoch, consumed),
+                {
+                    "op": "batch",
+                    "seed": self.seed,
+                    "epoch": epoch,
+                    "consumed": consumed,
+                    "rank": self.rank,
+                    "world_size": self.world_size,
+                    "batch_size": self.batch_size,
+                    "shuffle": self.shuffle,
+                    "drop_last": self.drop_last,
+                    "block_size": self.block_size,
+                },
+            )
 
     def __iter__(self) -> Iterator[Any]:
         for (epoch, consumed), _reply, frames in self._fetcher.run(self._requests()):
             batch = Batch.from_frames(frames)
-            Loader._received(self, epoch, consumed)  # type: ignore[arg-type]  # same state
+            self._position.received(epoch, consumed)
             yield self._convert(batch)
 
     def _convert(self, batch: Batch) -> Any:
