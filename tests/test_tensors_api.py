@@ -25,6 +25,7 @@ import zerobatch.tensors.jax as zjax
 import zerobatch.tensors.numpy as znp
 import zerobatch.tensors.torch as ztorch
 from zerobatch import FormatError
+from zerobatch.tensors import _write as zwrite
 
 # safetensors crashes on a few slices it cannot take (negative bounds, start > stop)
 # with OverflowError or SystemError; zerobatch refuses them with SliceError instead.
@@ -455,6 +456,14 @@ def test_save_file_of_reserved_size_is_exact(tmp_path: Path) -> None:
     expected = safetensors.torch.save(tensors, {"k": "v"})
     assert (tmp_path / "f").stat().st_size == len(expected)
     assert (tmp_path / "f").read_bytes() == expected
+
+
+def test_save_file_in_many_writeback_steps_is_exact(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zwrite, "_STEP", 4096)  # 2 MiB in ~500 steps, each pushed to disk
+    tensors = {"big": torch.arange(1 << 19, dtype=torch.float32), "odd": torch.ones(1001)}
+    ztorch.save_file(tensors, tmp_path / "f")
+    assert (tmp_path / "f").read_bytes() == safetensors.torch.save(tensors)
 
 
 @pytest.mark.parametrize("backend", ["mmap", "pread"])

@@ -1,6 +1,11 @@
 """Writing a tensor file: the header, then each tensor's own memory, straight
 to the file with ``os.writev`` (no joined copy, no Python-side buffering),
-published atomically."""
+published atomically.
+
+Locally, the file's blocks are reserved first (``fallocate``), and the disk
+write of each 64 MiB step is started (``sync_file_range``) as soon as the
+step is in the page cache, so the fsync of the publish overlaps with the
+copying instead of following it."""
 
 from __future__ import annotations
 
@@ -20,8 +25,12 @@ __all__ = ["write_atomic"]
 _BATCH = 512
 """Buffers per ``writev`` call (Linux accepts up to 1024)."""
 
-_MOST = 1 << 30
-"""Largest buffer handed to one ``writev``: Linux writes at most ~2 GiB per call."""
+_STEP = 64 << 20
+"""Bytes per ``writev`` step (buffers are cut to fit); the disk write of each
+step starts as soon as it is in the page cache."""
+
+_SYNC_FILE_RANGE_WRITE = 2
+"""``sync_file_range`` flag: start writing the range out, do not wait for it."""
 
 
 _RESERVE_FROM = 1 << 20
@@ -36,6 +45,17 @@ def _fallocate() -> Any:
     function = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
     if function is not None:
         function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    return function
+
+
+@cache
+def _sync_file_range() -> Any:
+    """Linux ``sync_file_range(2)``, or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    function = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
+    if function is not None:
+        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     return function
 
 
@@ -55,16 +75,25 @@ def _reserve(descriptor: int, size: int) -> None:
 def _pieces(buffers: Iterable[Any]) -> Iterable[memoryview]:
     for buffer in buffers:
         view = memoryview(buffer).cast("B")
-        for start in range(0, len(view), _MOST):
-            yield view[start : start + _MOST]
+        for start in range(0, len(view), _STEP):
+            yield view[start : start + _STEP]
 
 
 def _write_all(descriptor: int, buffers: Iterable[Any]) -> None:
+    """Write ``buffers`` in steps of at most ``_BATCH`` buffers and about
+    ``_STEP`` bytes, starting each step's disk write once it is written."""
+    start_writeback = _sync_file_range()
     batch: list[memoryview] = []
+    written = pending = 0
     for piece in _pieces(buffers):
         batch.append(piece)
-        if len(batch) == _BATCH:
+        pending += len(piece)
+        if len(batch) == _BATCH or pending >= _STEP:
             _drain(descriptor, batch)
+            if start_writeback is not None:
+                start_writeback(descriptor, written, pending, _SYNC_FILE_RANGE_WRITE)
+            written += pending
+            pending = 0
     _drain(descriptor, batch)
 
 
