@@ -4,6 +4,7 @@ argument errors, backends, file objects, tied-weight models and fp4."""
 
 from __future__ import annotations
 
+import inspect
 import io
 import os
 from pathlib import Path
@@ -253,6 +254,22 @@ def test_numpy_and_jax_modules_write_safetensors_bytes(tmp_path: Path) -> None:
         for name in theirs:
             np.testing.assert_array_equal(np.asarray(loaded[name]), np.asarray(theirs[name]))
     assert znp.save(arrays, format="bintensors")[8] in (0, 1)
+
+
+def parameters(function: Any) -> list[tuple[str, Any, Any]]:
+    """(name, kind, default) of each parameter, without zerobatch's ``format=``."""
+    return [(p.name, p.kind, p.default) for p in inspect.signature(function).parameters.values()
+            if p.name != "format"]
+
+
+@pytest.mark.parametrize(("ours", "theirs"), [(ztorch, safetensors.torch), (znp, safetensors.numpy),
+                                              (zjax, safetensors.flax), (zflax, safetensors.flax)])
+def test_framework_modules_take_the_arguments_of_safetensors(ours: Any, theirs: Any) -> None:
+    names = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
+    for name in [name for name in names if hasattr(theirs, name)]:
+        assert parameters(getattr(ours, name)) == parameters(getattr(theirs, name)), name
+        assert getattr(ours, name).__doc__, name
+    assert {"safe_open", "SafetensorError", "serialize_file", "TensorSpec"} <= set(ours.__all__)
 
 
 class TinyLM(torch.nn.Module):

@@ -1,29 +1,8 @@
-"""Drop-in for ``safetensors.flax``: the functions of :mod:`zerobatch.tensors.jax`."""
+"""Drop-in for ``safetensors.flax``: the functions of :mod:`zerobatch.tensors.jax`
+under the name safetensors uses (``zerobatch.tensors.flax.save_file is
+zerobatch.tensors.jax.save_file``)."""
 
 from __future__ import annotations
 
-from zerobatch.tensors.jax import (
-    SafetensorError,
-    TensorSpec,
-    deserialize,
-    load,
-    load_file,
-    safe_open,
-    save,
-    save_file,
-    serialize,
-    serialize_file,
-)
-
-__all__ = [
-    "SafetensorError",
-    "TensorSpec",
-    "deserialize",
-    "load",
-    "load_file",
-    "safe_open",
-    "save",
-    "save_file",
-    "serialize",
-    "serialize_file",
-]
+from zerobatch.tensors.jax import *  # noqa: F403 - this module is jax's surface, renamed
+from zerobatch.tensors.jax import __all__ as __all__

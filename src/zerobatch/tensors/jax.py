@@ -12,8 +12,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from zerobatch.tensors import _api
-from zerobatch.tensors._checks import check_filename, check_metadata, check_tensor_dict
+from zerobatch.tensors._dropin import Framework
 from zerobatch.tensors._errors import SafetensorError
 from zerobatch.tensors._header import SAFETENSORS
 from zerobatch.tensors._open import safe_open
@@ -32,36 +31,27 @@ __all__ = [
     "serialize_file",
 ]
 
-
-def _check_for_save(tensors: Any, metadata: Any) -> None:
-    check_tensor_dict(tensors)
-    check_metadata(metadata)
-    for name, array in tensors.items():
-        if not hasattr(array, "dtype") or not hasattr(array, "shape"):
-            raise ValueError(f"argument 'tensors': {name!r} is a {type(array).__name__}, "
-                             "expected a jax.Array")
+_JAX = Framework("jax", "tensors", "a jax.Array",
+                 lambda a: hasattr(a, "dtype") and hasattr(a, "shape"))
 
 
 def save(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None, *,
          format: str = SAFETENSORS) -> bytes:
     """The file bytes for ``tensors`` (each copied to the host once)."""
-    _check_for_save(tensors, metadata)
-    return _api.save(tensors, metadata, format=format)
+    return _JAX.save(tensors, metadata, format)
 
 
 def save_file(tensors: Mapping[str, Any], filename: str | os.PathLike[str],
               metadata: Mapping[str, str] | None = None, *, format: str = SAFETENSORS) -> None:
     """Write ``tensors`` to ``filename`` (atomically: nothing appears on error)."""
-    _check_for_save(tensors, metadata)
-    check_filename(filename)
-    _api.save_file(tensors, filename, metadata, format=format)
+    _JAX.save_file(tensors, filename, metadata, format)
 
 
 def load(data: bytes) -> dict[str, Any]:
     """All tensors in ``data`` (file bytes), as JAX arrays on the default CPU device."""
-    return _api.load(data, "jax")
+    return _JAX.load(data)
 
 
 def load_file(filename: Any, *, backend: str = "mmap") -> dict[str, Any]:
     """All tensors in ``filename`` (a path or binary file object), as JAX arrays."""
-    return _api.load_file(filename, "jax", backend=backend)
+    return _JAX.load_file(filename, "cpu", backend)

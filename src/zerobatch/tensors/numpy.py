@@ -17,8 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.tensors import _api
-from zerobatch.tensors._checks import check_filename, check_metadata, check_tensor_dict
+from zerobatch.tensors._dropin import Framework
 from zerobatch.tensors._errors import SafetensorError
 from zerobatch.tensors._header import SAFETENSORS
 from zerobatch.tensors._open import safe_open
@@ -37,37 +36,27 @@ __all__ = [
     "serialize_file",
 ]
 
-
-def _check_for_save(tensors: Any, metadata: Any) -> None:
-    check_tensor_dict(tensors, "tensor_dict")
-    check_metadata(metadata)
-    for name, array in tensors.items():
-        if not isinstance(array, np.ndarray):
-            raise ValueError(f"argument 'tensor_dict': {name!r} is a {type(array).__name__}, "
-                             "expected a numpy.ndarray")
+_NUMPY = Framework("np", "tensor_dict", "a numpy.ndarray", lambda a: isinstance(a, np.ndarray))
 
 
 def save(tensor_dict: Mapping[str, np.ndarray[Any, Any]],
          metadata: Mapping[str, str] | None = None, *, format: str = SAFETENSORS) -> bytes:
     """The file bytes for ``tensor_dict``."""
-    _check_for_save(tensor_dict, metadata)
-    return _api.save(tensor_dict, metadata, format=format)
+    return _NUMPY.save(tensor_dict, metadata, format)
 
 
 def save_file(tensor_dict: Mapping[str, np.ndarray[Any, Any]],
               filename: str | os.PathLike[str], metadata: Mapping[str, str] | None = None, *,
               format: str = SAFETENSORS) -> None:
     """Write ``tensor_dict`` to ``filename`` (atomically: nothing appears on error)."""
-    _check_for_save(tensor_dict, metadata)
-    check_filename(filename)
-    _api.save_file(tensor_dict, filename, metadata, format=format)
+    _NUMPY.save_file(tensor_dict, filename, metadata, format)
 
 
 def load(data: bytes) -> dict[str, np.ndarray[Any, Any]]:
     """All arrays in ``data`` (file bytes): read-only views of it."""
-    return _api.load(data, "np")
+    return _NUMPY.load(data)
 
 
 def load_file(filename: Any, *, backend: str = "mmap") -> dict[str, np.ndarray[Any, Any]]:
     """All arrays in ``filename`` (a path or binary file object)."""
-    return _api.load_file(filename, "np", backend=backend)
+    return _NUMPY.load_file(filename, "cpu", backend)

@@ -14,8 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from zerobatch.tensors import _api
-from zerobatch.tensors._checks import check_filename, check_metadata, check_tensor_dict
+from zerobatch.tensors._dropin import Framework
 from zerobatch.tensors._errors import SafetensorError
 from zerobatch.tensors._header import SAFETENSORS
 from zerobatch.tensors._open import safe_open
@@ -51,17 +50,17 @@ __all__ = [
 ]
 
 
-def _check_for_save(tensors: Any, metadata: Any) -> None:
-    """safetensors' refusals, in its order: not a dict, not a tensor, sparse,
-    shared memory (RuntimeError), not contiguous."""
+def _is_tensor(tensor: Any) -> bool:
     import torch
 
-    check_tensor_dict(tensors)
-    check_metadata(metadata)
-    for name, tensor in tensors.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"argument 'tensors': {name!r} is a {type(tensor).__name__}, "
-                             "expected a torch.Tensor")
+    return isinstance(tensor, torch.Tensor)
+
+
+def _check_torch(tensors: Mapping[str, Any]) -> None:
+    """safetensors' torch refusals, in its order: sparse, shared memory
+    (RuntimeError), not contiguous."""
+    import torch
+
     sparse = [name for name, tensor in tensors.items() if tensor.layout != torch.strided]
     if sparse:
         raise ValueError(f"argument 'tensors': {sparse} are sparse; make them dense with "
@@ -77,30 +76,30 @@ def _check_for_save(tensors: Any, metadata: Any) -> None:
                              ".contiguous() on it, or save the full tensor it is a view of")
 
 
+_TORCH = Framework("pt", "tensors", "a torch.Tensor", _is_tensor, _check_torch)
+
+
 def save(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None, *,
          format: str = SAFETENSORS) -> bytes:
     """The file bytes for ``tensors`` (contiguous, dense, not sharing memory)."""
-    _check_for_save(tensors, metadata)
-    return _api.save(tensors, metadata, format=format)
+    return _TORCH.save(tensors, metadata, format)
 
 
 def save_file(tensors: Mapping[str, Any], filename: str | os.PathLike[str],
               metadata: Mapping[str, str] | None = None, *, format: str = SAFETENSORS) -> None:
     """Write ``tensors`` to ``filename`` (atomically: nothing appears on error)."""
-    _check_for_save(tensors, metadata)
-    check_filename(filename)
-    _api.save_file(tensors, filename, metadata, format=format)
+    _TORCH.save_file(tensors, filename, metadata, format)
 
 
 def load(data: bytes) -> dict[str, Any]:
     """All tensors in ``data`` (file bytes), as writable CPU tensors (one copy)."""
-    return _api.load(data, "pt")
+    return _TORCH.load(data)
 
 
 def load_file(filename: Any, device: str | int = "cpu", *, backend: str = "mmap"
               ) -> dict[str, Any]:
     """All tensors in ``filename`` (a path or binary file object) on ``device``."""
-    return _api.load_file(filename, "pt", device, backend=backend)
+    return _TORCH.load_file(filename, device, backend)
 
 
 def save_model(model: Any, filename: str | os.PathLike[str],
