@@ -7,6 +7,9 @@ import json
 import multiprocessing
 import os
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -195,6 +198,138 @@ def test_threads_do_not_leak_and_close_is_fast(windows):
         it = iter(inner)
         next(it)
     assert threading.active_count() == baseline
+
+
+class _Squares:
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def read(self, indices):
+        return Batch.from_columns({"x": indices * indices})
+
+
+def _wait_for_threads(baseline: int) -> int:
+    deadline = time.monotonic() + 10
+    while threading.active_count() > baseline and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)
+    return threading.active_count()
+
+
+@pytest.mark.parametrize("with_block", [True, False])
+def test_keyboard_interrupt_in_the_loop_joins_threads(with_block):
+    """Ctrl-C raised in the training step: no thread is left behind, and the
+    state points after the last batch the loop received."""
+    gc.collect()
+    baseline = threading.active_count()
+    loader = Loader(_Squares(1000), 10, prefetch=4, num_threads=2, output="numpy")
+
+    def train() -> None:
+        for step, _batch in enumerate(loader):
+            if step == 3:
+                raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        if with_block:
+            with loader:
+                train()
+        else:
+            train()
+    if with_block:  # close() joined the threads: nothing to wait for
+        assert threading.active_count() == baseline
+    assert _wait_for_threads(baseline) == baseline
+    assert loader.state_dict()["consumed"] == 4 * 10
+
+
+def test_keyboard_interrupt_while_waiting_for_a_read():
+    """Ctrl-C while the caller waits on a read (KeyboardInterrupt out of the
+    read itself): it surfaces in the caller, and the threads are joined."""
+    gc.collect()
+    baseline = threading.active_count()
+
+    class Interrupted(_Squares):
+        def read(self, indices):
+            if 55 in indices.tolist():
+                raise KeyboardInterrupt
+            return super().read(indices)
+
+    loader = Loader(Interrupted(100), 10, shuffle=False, prefetch=3, num_threads=2)
+    got = []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in loader:
+            got.append(batch["x"])
+    assert len(got) == 5
+    assert threading.active_count() == baseline  # __next__ closed the iterator
+    assert loader.state_dict()["consumed"] == 50
+
+
+_SIGINT_CHILD = """
+import sys, threading, numpy as np
+from zerobatch import Batch, Loader
+class Squares:
+    def __len__(self): return 10**9
+    def read(self, indices): return Batch.from_columns({"x": indices * indices})
+loader = Loader(Squares(), 64, prefetch=4, num_threads=2, epochs=None, output="numpy")
+weights = np.ones((64, 64))
+def train():
+    for step, batch in enumerate(loader):
+        weights @ weights
+        if step == 20:
+            print("training", flush=True)
+try:
+    train()
+except KeyboardInterrupt:
+    import gc, time
+    deadline = time.monotonic() + 5
+    while threading.active_count() > 1 and time.monotonic() < deadline:
+        gc.collect(); time.sleep(0.01)
+    print("interrupted", loader.state_dict()["consumed"] > 0, threading.active_count())
+"""
+
+
+def test_ctrl_c_exits_cleanly():
+    """A real SIGINT to a process training through a Loader: it leaves the loop
+    with KeyboardInterrupt, no loader thread remains, and the process exits."""
+    child = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    assert child.stdout.readline() == "training\n"
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert out == "interrupted True 1\n"
+
+
+@settings(max_examples=40, deadline=None)
+@given(length=st.integers(1, 300), batch=st.integers(1, 12), world=st.integers(1, 8),
+       drop_last=st.booleans(), threads=st.integers(0, 2), epochs=st.integers(1, 2))
+def test_every_rank_ends_at_the_same_step(length, batch, world, drop_last, threads, epochs):
+    """Each rank iterates the same number of steps (so DDP never waits on a rank
+    that has run out); with padding the only repeats are marked rows."""
+    loaders = [Loader(_Squares(length), batch, rank=r, world_size=world, drop_last=drop_last,
+                      num_threads=threads, epochs=epochs, output="numpy", shuffle=False)
+               for r in range(world)]
+    steps = loaders[0].plan.steps()
+    if steps == 0:  # too short for one step: every rank refuses alike
+        for loader in loaders:
+            with pytest.raises(ValueError, match="fewer than one step"):
+                iter(loader)
+        return
+    per_rank = [list(loader) for loader in loaders]
+    assert {len(batches) for batches in per_rank} == {steps * epochs}
+    assert all(len(loader) == steps for loader in loaders)
+    assert {loader.epoch for loader in loaders} == {epochs}
+    first_epoch = [b for batches in per_rank for b in batches[:steps]]
+    roots = np.sqrt(np.concatenate([b["x"] for b in first_epoch])).astype(np.int64)
+    if drop_last:
+        assert sorted(roots.tolist()) == list(range(steps * batch * world))
+    else:
+        padding = np.concatenate([b["padding"] for b in first_epoch])
+        assert sorted(roots[~padding].tolist()) == list(range(length))
+        assert padding.sum() == steps * batch * world - length
 
 
 def test_rank_from_environment(windows, monkeypatch):

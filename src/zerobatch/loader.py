@@ -232,6 +232,8 @@ class Loader:
         self._position = Position(self._plan, fingerprint(source))
         self._convert: Callable[[Batch], Any] | None = None
         self._iterator: weakref.ref[_Iterator] | None = None  # weak: no cycle, no leak
+        # the current pass's threads: close() joins them even after the pass was dropped
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
 
     @property
     def plan(self) -> Plan:
@@ -348,9 +350,13 @@ class Loader:
         if iterator is not None:
             iterator.close()
         self._iterator = None
+        if self._threads is not None:
+            _shutdown(self._threads, True)
+            self._threads = None
 
     def close(self) -> None:
-        """Stop and join the reader threads; idempotent. The loader can be
+        """Stop and join the reader threads, also those of a pass already dropped
+        (a ``for`` loop left by an exception); idempotent. The loader can be
         iterated again afterwards (new threads start)."""
         self._stop()
 
@@ -383,6 +389,7 @@ class _Iterator:
                 loader._num_threads, thread_name_prefix="zerobatch-loader"
             )
             self._finalizer = weakref.finalize(self, _shutdown, self._executor, False)
+            loader._threads = self._executor
         self._done = False
 
     def _fill(self) -> None:
@@ -430,4 +437,6 @@ class _Iterator:
         if self._executor is not None:
             self._finalizer.detach()
             _shutdown(self._executor, True)
+            if self._loader._threads is self._executor:
+                self._loader._threads = None
             self._executor = None
