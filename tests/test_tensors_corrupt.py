@@ -4,15 +4,18 @@ where zerobatch is deliberately stricter)."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import struct
 from pathlib import Path
 
 import bintensors
+import bintensors.numpy
 import numpy as np
 import pytest
 import safetensors
+import safetensors.numpy
 from bincode_bytes import framed, text, varint
 
 import zerobatch.tensors as zt
@@ -178,3 +181,24 @@ def test_packed_sub_byte_dtypes_validate_but_do_not_view(tmp_path: Path) -> None
     path = tmp_path / "f4"
     path.write_bytes(good)
     assert "F4" in zt.describe(path)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bintensors"])
+def test_metadata_entries_are_capped_in_both_formats(fmt: str, tmp_path: Path) -> None:
+    reference = {"safetensors": safetensors.numpy, "bintensors": bintensors.numpy}[fmt]
+    array = np.arange(3, dtype=np.int16)
+    at_limit = {f"k{i:06d}": "v" for i in range(zt.METADATA_LIMIT)}
+    over = {**at_limit, "one more": "v"}
+    ours = zt.save({"a": array}, at_limit, format=fmt)
+    for data in (reference.save({"a": array}, at_limit), ours):
+        with zt.safe_open(io.BytesIO(data), "np") as file:
+            assert file.metadata() == at_limit
+            assert file.get_tensor("a").tolist() == [0, 1, 2]
+    assert reference.load(ours)["a"].tolist() == [0, 1, 2]
+    (tmp_path / "over").write_bytes(reference.save({"a": array}, over))
+    with pytest.raises(FormatError, match=f"{zt.METADATA_LIMIT + 1} metadata entries") as error:
+        zt.safe_open(tmp_path / "over", "np")
+    assert error.value.field == "__metadata__" and str(tmp_path / "over") in str(error.value)
+    with pytest.raises(ValueError, match=f"argument 'metadata': {zt.METADATA_LIMIT + 1} entries"):
+        zt.save_file({"a": array}, tmp_path / "ours", over, format=fmt)
+    assert not (tmp_path / "ours").exists()

@@ -39,13 +39,21 @@ from zerobatch.tensors._api import (
 )
 from zerobatch.tensors._describe import describe, is_tensor_file
 from zerobatch.tensors._errors import SafetensorError, SliceError, TensorNotFound
-from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header, TensorInfo
+from zerobatch.tensors._header import (
+    BINTENSORS,
+    HEADER_LIMIT,
+    METADATA_LIMIT,
+    SAFETENSORS,
+    Header,
+    TensorInfo,
+)
 from zerobatch.tensors._open import TensorSlice, safe_open
 from zerobatch.tensors._specs import TensorSpec, deserialize, serialize, serialize_file
 
 __all__ = [
     "BINTENSORS",
     "HEADER_LIMIT",
+    "METADATA_LIMIT",
     "SAFETENSORS",
     "Header",
     "SafetensorError",

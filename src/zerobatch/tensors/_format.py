@@ -16,7 +16,15 @@ import numpy as np
 from zerobatch.errors import FormatError
 from zerobatch.tensors import _bincode, _safetensors_header
 from zerobatch.tensors._dtypes import BINTENSORS_CODE, BINTENSORS_ID
-from zerobatch.tensors._header import BINTENSORS, HEADER_LIMIT, SAFETENSORS, Header, cut_strings
+from zerobatch.tensors._header import (
+    BINTENSORS,
+    HEADER_LIMIT,
+    METADATA_LIMIT,
+    SAFETENSORS,
+    Header,
+    check_metadata_entries,
+    cut_strings,
+)
 from zerobatch.tensors._validate import check_layout
 
 __all__ = ["LENGTH_SIZE", "detect", "encode_header", "read_header", "read_header_at"]
@@ -79,6 +87,7 @@ def _read_bintensors(raw: bytes, *, path: object) -> tuple[Any, ...]:
                           field=field)
     metadata = None
     if has_meta:
+        check_metadata_entries(len(meta), path=path)
         try:
             keys = cut_strings(raw, meta[:, 0, 0], meta[:, 0, 0] + meta[:, 0, 1])
             values = cut_strings(raw, meta[:, 1, 0], meta[:, 1, 0] + meta[:, 1, 1])
@@ -101,7 +110,8 @@ def read_header(buffer: Any, *, path: object = None) -> Header:
     """Parse and check the header of the file held in ``buffer`` (any bytes-like).
 
     Raises :class:`FormatError` naming ``path``, the tensor and the field for a
-    header longer than 100,000,000 bytes or than the file, undecodable bytes,
+    header longer than 100,000,000 bytes or than the file, more than 65,536
+    metadata entries, undecodable bytes,
     unknown dtypes, duplicate names, and data ranges that do not tile the data
     section exactly.
     """
@@ -133,7 +143,12 @@ def encode_header(
     entries: list[tuple[str, int, tuple[int, ...], int, int]],
 ) -> bytes:
     """The 8-byte length and the padded header for ``entries`` of
-    (name, code, shape, begin, end), already in write order."""
+    (name, code, shape, begin, end), already in write order. Raises ValueError
+    for more than ``METADATA_LIMIT`` metadata entries (readers refuse them)."""
+    if metadata is not None and len(metadata) > METADATA_LIMIT:
+        raise ValueError(f"argument 'metadata': {len(metadata)} entries, more than the "
+                         f"{METADATA_LIMIT} a header may hold; store large metadata as one "
+                         "value (JSON text, say) or in a file beside this one")
     if fmt == BINTENSORS:
         body = _bincode.encode(metadata, [(n, BINTENSORS_ID[c], s, b, e)
                                           for n, c, s, b, e in entries])

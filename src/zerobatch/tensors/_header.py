@@ -7,15 +7,18 @@ from typing import Any
 
 import numpy as np
 
+from zerobatch.errors import FormatError
 from zerobatch.tensors._dtypes import DTYPES
 
 __all__ = [
     "BINTENSORS",
     "FORMATS",
     "HEADER_LIMIT",
+    "METADATA_LIMIT",
     "SAFETENSORS",
     "Header",
     "TensorInfo",
+    "check_metadata_entries",
     "cut_strings",
 ]
 
@@ -25,7 +28,22 @@ FORMATS = (BINTENSORS, SAFETENSORS)
 HEADER_LIMIT = 100_000_000
 """Largest header (bytes after the 8-byte length) either reader accepts."""
 
+METADATA_LIMIT = 65_536
+"""Most metadata entries (key-value pairs) a header may hold. Readers refuse
+more before building any string, writers before writing anything: a header
+under ``HEADER_LIMIT`` could otherwise hold millions of entries, hundreds of
+MB of Python strings. The reference writers store a few entries (``format``,
+one per tied name dropped by ``save_model``, a training tool's settings)."""
+
 _CHUNK = 1 << 16
+
+
+def check_metadata_entries(count: int, *, path: object) -> None:
+    """Raise :class:`FormatError` when a header holds more than ``METADATA_LIMIT``
+    metadata entries."""
+    if count > METADATA_LIMIT:
+        raise FormatError(f"header holds {count} metadata entries, more than the limit of "
+                          f"{METADATA_LIMIT}", path=path, field="__metadata__")
 
 
 def cut_strings(source: str | bytes, starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]

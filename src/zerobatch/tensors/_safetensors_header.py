@@ -18,7 +18,7 @@ import numpy as np
 from zerobatch.errors import FormatError
 from zerobatch.tensors import _json_scan
 from zerobatch.tensors._dtypes import DTYPES
-from zerobatch.tensors._header import cut_strings
+from zerobatch.tensors._header import check_metadata_entries, cut_strings
 
 __all__ = ["METADATA_KEY", "decode", "encode"]
 
@@ -65,6 +65,8 @@ def decode(raw: bytes, *, path: object) -> tuple[Any, ...]:
         where = f"tensor #{row}: " if row >= 0 else ""
         raise FormatError(f"{where}{message} (header byte {pos + _LENGTH_SIZE})", path=path,
                           field=field)
+    if has_meta:
+        check_metadata_entries(len(meta) // 2, path=path)
     if not raw.isascii():
         text = None
     names = _strings(raw, text, spans, path=path)
