@@ -395,27 +395,28 @@ def check_sizes(
     """Every file exists with the size the manifest gives and the shard table
     implies; ``size(name)`` is the file's size (O(files) stats, no reads)."""
     itemsize = manifest.record_dtype.itemsize
+    local = isinstance(folder, Path) and folder.is_dir()
     for i, shard in enumerate(manifest.shards):
         expected = expected_sizes(shard, itemsize)
         for suffix, (recorded, _) in shard.files.items():
-            path = join(folder, shard.file(suffix))
+            name = shard.file(suffix)
             try:
-                actual = size(shard.file(suffix))
-                if isinstance(folder, Path) and folder.is_dir() and not stat.S_ISREG(
-                    os.stat(path).st_mode
-                ):
-                    raise _fail("not a regular file", path, f"shards[{i}].name")
+                actual = size(name)
+                if local and not stat.S_ISREG(os.stat(os.path.join(folder, name)).st_mode):
+                    raise _fail("not a regular file", join(folder, name), f"shards[{i}].name")
             except FileNotFoundError:
-                raise _fail("file is missing", path, f"shards[{i}].files") from None
+                raise _fail("file is missing", join(folder, name), f"shards[{i}].files") from None
             except OSError as error:
-                raise _fail(f"cannot be read ({error})", path, f"shards[{i}].files") from None
+                raise _fail(f"cannot be read ({error})", join(folder, name),
+                            f"shards[{i}].files") from None
             if actual != recorded:
                 raise _fail(f"manifest says {recorded} bytes, file has {actual}; "
-                            "truncated or not fully written?", path, f"files.{suffix}.bytes")
+                            "truncated or not fully written?", join(folder, name),
+                            f"files.{suffix}.bytes")
             want = expected.get(suffix)
             if want is not None and want != recorded:
                 raise _fail(f"the shard table implies {want} bytes, manifest says {recorded}",
-                            path, f"files.{suffix}.bytes")
+                            join(folder, name), f"files.{suffix}.bytes")
 
 
 def manifest_bytes(manifest: Manifest) -> bytes:
