@@ -79,6 +79,9 @@ class Target:
     seeds: Callable[[], list[Files]]
     read: Callable[[Path, Files], None]
     on_disk: bool = True
+    warm: Callable[[], list[Files]] = list
+    """More valid inputs the parent reads before forking (beside the seeds), so
+    children share what their first read compiles or imports."""
 
 
 TARGETS: dict[str, Target] = {}
@@ -132,19 +135,29 @@ def _stream_seeds() -> list[Files]:
     return seeds
 
 
+def _stream_warm() -> list[Files]:
+    """Each seed's manifest with no shards: the empty-dataset kernels compile once,
+    in the parent."""
+    warm = []
+    for seed in _stream_seeds():
+        manifest = json.loads(seed["manifest.json"])
+        warm.append({"manifest.json": json.dumps({**manifest, "shards": []}).encode()})
+    return warm
+
+
 def _read_stream(folder: Path, files: Files) -> None:
     from zerobatch import stream
 
     manifest = files.get("manifest.json", b"")
     metadata = "numpy" if b'"numpy"' in manifest else None
     try:
-        ds = stream.open_dataset(folder, metadata=metadata)
-        windows = ds.windows(4)
-        for batch in (windows.read(np.arange(len(windows))),
-                      ds.documents().read(np.arange(ds.num_documents))):
-            if "metadata" in batch:
-                for spans in batch["metadata"]:
-                    list(spans)
+        with stream.open_dataset(folder, metadata=metadata) as ds:
+            windows = ds.windows(4)
+            for batch in (windows.read(np.arange(len(windows))),
+                          ds.documents().read(np.arange(ds.num_documents))):
+                if "metadata" in batch:
+                    for spans in batch["metadata"]:
+                        list(spans)
     except FormatError as error:
         if not stream.verify(folder, metadata=metadata):
             raise FalsePass(str(error)) from error
@@ -247,9 +260,9 @@ def _npy_seeds() -> list[Files]:
 def _read_npy(folder: Path, files: Files) -> None:
     from zerobatch import stream
 
-    tokens = stream.open_dataset(folder)
-    windows = tokens.windows(3)
-    windows.read(np.arange(len(windows)))
+    with stream.open_dataset(folder) as tokens:
+        windows = tokens.windows(3)
+        windows.read(np.arange(len(windows)))
 
 
 def _service_seeds() -> list[Files]:
@@ -290,7 +303,7 @@ def _read_service(folder: Path, files: Files) -> None:
 
 
 for _target in (
-    Target("stream", _stream_seeds, _read_stream),
+    Target("stream", _stream_seeds, _read_stream, warm=_stream_warm),
     Target("llmbatch", _batch_seeds, _read_batch),
     Target("frames", _frame_seeds, _read_frames, on_disk=False),
     Target("batchmeta", _meta_seeds, _read_meta, on_disk=False),
@@ -507,21 +520,47 @@ def _vm_bytes() -> int:
         return int(file.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _write(folder: Path, files: Files) -> None:
-    for entry in folder.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    for name, data in files.items():
-        with contextlib.suppress(OSError, ValueError):
-            (folder / name).write_bytes(data)
+class Scratch:
+    """The folder inputs are written into, and what it holds: ``write`` replaces
+    only the files that differ from the previous input's (most inputs change
+    one file of a seed), each as a new file, so a mapping of the old one never
+    sees its bytes change."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._held: Files | None = None  # None: unknown, cleared on the next write
+
+    def write(self, files: Files) -> None:
+        """Make the folder hold exactly ``files`` (names it cannot hold are left out)."""
+        held = self._held
+        if held is None:
+            for entry in self.folder.iterdir():
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            held = {}
+        for name in [n for n in held if files.get(n) is not held[n]]:
+            os.unlink(os.path.join(self.folder, name))
+            del held[name]
+        for name, data in files.items():
+            if name not in held:
+                with contextlib.suppress(OSError, ValueError):
+                    descriptor = os.open(os.path.join(self.folder, name),
+                                         os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                    try:
+                        os.write(descriptor, data)
+                    finally:
+                        os.close(descriptor)
+                    held[name] = data
+        self._held = held
 
 
-def run_one(target: Target, folder: Path, files: Files) -> tuple[str, str]:
+def run_one(target: Target, scratch: Scratch, files: Files) -> tuple[str, str]:
     """Read one input in this process: (outcome, detail)."""
+    folder = scratch.folder
     if target.on_disk:
-        _write(folder, files)
+        scratch.write(files)
     size = _size(files)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     limit = _vm_bytes() + max(MIN_BUDGET, RSS_FACTOR * size)
@@ -552,11 +591,12 @@ def run_one(target: Target, folder: Path, files: Files) -> tuple[str, str]:
 def _child(
     target: Target, batch: list[tuple[str, Files]], start: int, fd: int, folder: Path
 ) -> None:
+    scratch = Scratch(folder)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     faulthandler.disable()  # a crash is the parent's to report, without a traceback dump
     for i in range(start, len(batch)):
-        outcome, detail = run_one(target, folder, batch[i][1])
+        outcome, detail = run_one(target, scratch, batch[i][1])
         os.write(fd, f"{i}\t{outcome}\t{detail}\n".encode("utf-8", "replace"))
 
 
@@ -677,12 +717,14 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
 
 
 def warm_up(target: Target) -> None:
-    """Read every seed once in this process (imports, compiled kernels), so forked
-    children start warm; a seed that does not read is a harness bug."""
+    """Read every seed and warm-up input once in this process (imports, compiled
+    kernels), so forked children start warm; one that does not read is a
+    harness bug."""
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
-        for files in target.seeds():
+        scratch = Scratch(Path(tmp))
+        for files in [*target.seeds(), *target.warm()]:
             if target.on_disk:
-                _write(Path(tmp), files)
+                scratch.write(files)
             target.read(Path(tmp), files)
 
 
@@ -756,12 +798,12 @@ def run_atheris(name: str, argv: list[str]) -> None:
     FormatError = sys.modules["zerobatch.errors"].FormatError  # type: ignore[misc]
     target = TARGETS[name]
     seeds = target.seeds()
-    folder = Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch()))
+    scratch = Scratch(Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch())))
     rng = random.Random(0)
 
     def test_one(data: bytes) -> None:
         files = _decode_input(data) or rng.choice(seeds)
-        outcome, detail = run_one(target, folder, files)
+        outcome, detail = run_one(target, scratch, files)
         if outcome not in ("ok", "format_error"):
             raise RuntimeError(f"{outcome}: {detail}")
 
