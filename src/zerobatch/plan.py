@@ -33,6 +33,7 @@ O(batch_size), whatever the step or the length (up to 2**63).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,13 @@ def epoch_seed(seed: int, epoch: int) -> int:
     """The 64-bit seed of ``epoch``'s order: a SplitMix64 mix of both, so
     (seed=1, epoch=0) and (seed=0, epoch=1) differ (``seed ^ epoch`` would not)."""
     return _splitmix64(_splitmix64((seed & _MASK64) ^ _EPOCH_DOMAIN) + (epoch & _MASK64))
+
+
+@functools.lru_cache(maxsize=16)  # one per epoch in use: building one costs more than a step
+def _order(length: int, seed: int, epoch: int, block_size: int | None) -> Feistel | BlockShuffle:
+    if block_size is None:
+        return Feistel(length, epoch_seed(seed, epoch))
+    return BlockShuffle(length, block_size, epoch_seed(seed, epoch))
 
 
 def _positive(name: str, value: object, *, maximum: int = MAX_LENGTH) -> int:
@@ -151,10 +159,7 @@ class Plan:
         """The permutation from positions to observations (None: the identity)."""
         if not self.shuffle or self.length == 0:
             return None
-        seed = epoch_seed(int(self.seed), epoch)
-        if self.block_size is None:
-            return Feistel(self.length, seed)
-        return BlockShuffle(self.length, self.block_size, seed)
+        return _order(int(self.length), int(self.seed), epoch, self.block_size)
 
     def positions(self, consumed: int, rank: int) -> npt.NDArray[np.int64]:
         """Rank ``rank``'s positions in the step starting at ``consumed``
