@@ -30,7 +30,7 @@ $(BENCH_STAMP): pyproject.toml
 	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_PY) -m pip install --quiet --upgrade pip
 	$(BENCH_PY) -m pip install --quiet torch==2.13.0
-	$(BENCH_PY) -m pip install --quiet -e '.[dev]' datasets transferqueue==0.1.11 psutil lightning-utilities boto3 tifffile
+	$(BENCH_PY) -m pip install --quiet -e '.[dev]' datasets transferqueue==0.1.11 psutil lightning-utilities boto3 tifffile grain==0.2.18
 	$(BENCH_PY) -m pip install --quiet --no-deps litdata  # its torchvision dependency would replace torch
 	touch $(BENCH_STAMP)
 

@@ -1,0 +1,395 @@
+"""What does the Loader cost over its reads, and how does it compare with peers?
+
+Windows of 2,048 tokens, batch 32, Feistel order, int64 ``input_ids``,
+``labels`` and ``position_ids``, a uint16 dataset of one shard, warm page
+cache. Everything is measured in this run, passes interleaved, best of each:
+
+1. Loader overhead: tokens/s of ``Loader`` (output ``"batch"``, and one row
+   ``"torch"``) with ``num_threads`` 0, 1 and 2 against the same
+   ``windows.read`` calls in a plain loop, indices computed before timing or
+   by ``Plan.indices`` in the loop, and CPU seconds per batch
+   (``time.process_time``, all threads), which other processes on the machine
+   disturb less than wall time.
+2. Overlap: a consumer that sleeps a fixed time per step (GIL-free, 2x and 5x
+   the measured read time) times how long it waits in ``next()`` for data,
+   with ``prefetch`` 0 and 2 (one reader thread).
+3. Peers on the same tokens: torch ``DataLoader`` over a map-style memmap
+   dataset (0 and 2 workers), Hugging Face ``datasets`` (memory-mapped Arrow,
+   random rows), LitData (``TokensLoader``, ``StreamingDataset``) and Grain
+   (``MapDataset`` over the memmap, in the caller's thread and on 2 threads).
+   Passes of every reader are interleaved; a reader that reads ahead (torch
+   workers, threads) may have up to its buffer ready when its pass starts, a
+   few batches of each pass. Peers return ``input_ids`` and
+   ``labels`` only; zerobatch also computes ``position_ids``. A peer that is
+   not installed is skipped.
+4. Start and resume: time to the first batch after construction, and after
+   ``load_state_dict`` at step 10^9, on a synthetic source of 10^12
+   observations; peak RSS of a fresh process for 10^6 versus 10^12.
+
+    python benchmarks/loader.py [--quick] [--tokens 64_000_000] [--passes 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zerobatch import Batch, Loader, StreamWriter, open_dataset
+from zerobatch.plan import Plan
+
+SEQ_LEN, BATCH = 2048, 32
+COLUMNS = ("input_ids", "labels", "position_ids")
+
+
+def _write(path: Path, tokens: int) -> None:
+    """Random documents of 200..3,000 uint16 tokens, one shard."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(200, 3000, size=tokens // 1600 + 1)
+    lengths = lengths[: np.searchsorted(np.cumsum(lengths), tokens) + 1]
+    data = rng.integers(0, 50_000, size=int(lengths.sum()), dtype=np.uint16)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    with StreamWriter(path, shard_tokens=2 * tokens) as writer:
+        for i in range(len(lengths)):
+            writer.add_document(data[starts[i] : starts[i + 1]])
+
+
+def _warm(path: Path) -> None:
+    for file in path.iterdir():
+        if file.is_file():
+            with open(file, "rb") as handle:
+                while handle.read(1 << 24):
+                    pass
+
+
+def _time(run: Callable[[], int]) -> tuple[float, float]:
+    """(wall, CPU) seconds per batch of one pass; ``run`` returns its batches."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    batches = run()
+    return (time.perf_counter() - wall) / batches, (time.process_time() - cpu) / batches
+
+
+def _best(runs: dict[str, Callable[[], int]], passes: int) -> dict[str, tuple[float, float]]:
+    """Best wall and best CPU seconds per batch of each run, passes interleaved."""
+    best = {name: (float("inf"), float("inf")) for name in runs}
+    for _ in range(passes):
+        for name, run in runs.items():
+            wall, cpu = _time(run)
+            best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
+    return best
+
+
+def _overhead(windows: Any, steps: int, passes: int) -> dict[str, tuple[float, float]]:
+    plan = Plan(len(windows), BATCH, seed=1)
+    indices = [plan.indices(0, k * BATCH, 0)[0] for k in range(steps)]
+
+    def plain() -> int:
+        for index in indices:
+            windows.read(index)
+        return steps
+
+    def planned() -> int:
+        for k in range(steps):
+            windows.read(plan.indices(0, k * BATCH, 0)[0])
+        return steps
+
+    def loader(threads: int, output: str = "batch") -> Callable[[], int]:
+        def run() -> int:
+            with Loader(windows, BATCH, seed=1, num_threads=threads, prefetch=2,
+                        output=output) as source:  # type: ignore[arg-type]
+                for _ in itertools.islice(source, steps):
+                    pass
+            return steps
+        return run
+
+    return _best({"plain loop of windows.read": plain,
+                  "plain loop, plan.indices in the loop": planned,
+                  "Loader, 0 threads": loader(0),
+                  "Loader, 1 thread": loader(1),
+                  "Loader, 2 threads": loader(2),
+                  "Loader, 2 threads, torch output": loader(2, "torch")}, passes)
+
+
+def _overlap(windows: Any, step_s: float, steps: int) -> dict[int, float]:
+    """Share of each step spent waiting for data, the consumer sleeping ``step_s``."""
+    shares = {}
+    for prefetch in (0, 2):
+        best = float("inf")
+        for _ in range(3):
+            waited = 0.0
+            with Loader(windows, BATCH, seed=2, prefetch=prefetch, num_threads=1,
+                        output="batch") as loader:
+                iterator = iter(loader)
+                next(iterator)  # the pipeline fills
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    next(iterator)
+                    waited += time.perf_counter() - start
+                    time.sleep(step_s)
+            best = min(best, waited / (waited + steps * step_s))
+        shares[prefetch] = best
+    return shares
+
+
+def _windows_memmap(path: Path) -> np.ndarray:
+    return np.memmap(path / "00000.tokens", dtype="<u2", mode="r")
+
+
+def _rates(readers: dict[str, Iterator[Any]], steps: int, passes: int) -> dict[str, float]:
+    """Best batches/s of each reader over ``passes`` runs of ``steps`` batches,
+    passes interleaved (after a first batch each)."""
+    for batches in readers.values():
+        next(batches)
+    best = dict.fromkeys(readers, 0.0)
+    for _ in range(passes):
+        for name, batches in readers.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                next(batches)
+            best[name] = max(best[name], steps / (time.perf_counter() - start))
+    return best
+
+
+def _torch_peer(tokens: np.ndarray, workers: int) -> Iterator[Any]:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class Windows(Dataset):
+        def __len__(self) -> int:
+            return (len(tokens) - 1) // SEQ_LEN
+
+        def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+            window = tokens[i * SEQ_LEN : i * SEQ_LEN + SEQ_LEN + 1].astype(np.int64)
+            return {"input_ids": torch.from_numpy(window[:-1]),
+                    "labels": torch.from_numpy(window[1:])}
+
+    loader = DataLoader(Windows(), batch_size=BATCH, shuffle=True, drop_last=True,
+                        num_workers=workers, persistent_workers=workers > 0)
+    while True:
+        yield from loader
+
+
+def _hf_peer(tokens: np.ndarray, folder: Path) -> Iterator[Any]:
+    import datasets
+    import pyarrow as pa
+
+    rows = (len(tokens) - 1) // SEQ_LEN
+    starts = np.arange(rows)[:, None] * SEQ_LEN + np.arange(SEQ_LEN + 1)
+    column = pa.FixedSizeListArray.from_arrays(pa.array(tokens[starts].reshape(-1)), SEQ_LEN + 1)
+    datasets.Dataset(pa.table({"tokens": column})).save_to_disk(str(folder))
+    ds = datasets.load_from_disk(str(folder)).with_format("numpy")
+    rng = np.random.default_rng(0)
+    while True:
+        window = ds[rng.integers(0, rows, BATCH).tolist()]["tokens"].astype(np.int64)
+        yield {"input_ids": window[:, :-1], "labels": window[:, 1:]}
+
+
+def _litdata_chunk(part: tuple[str, int, int]) -> Iterator[Any]:
+    import torch
+
+    path, start, stop = part
+    tokens = np.memmap(path, dtype="<u2", mode="r")
+    yield torch.from_numpy(tokens[start:stop].astype(np.int32))
+
+
+def _litdata_peer(tokens_path: Path, count: int, folder: Path) -> Iterator[Any]:
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+
+    step = 1 << 22
+    parts = [(str(tokens_path), a, min(a + step, count)) for a in range(0, count, step)]
+    optimize(fn=_litdata_chunk, inputs=parts, output_dir=str(folder),
+             chunk_size=(SEQ_LEN + 1) * 1024, item_loader=TokensLoader(), num_workers=1)
+    ds = StreamingDataset(str(folder), item_loader=TokensLoader(block_size=SEQ_LEN + 1),
+                          shuffle=True)
+    loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=0, drop_last=True)
+    while True:
+        for window in loader:
+            window = window.long()
+            yield {"input_ids": window[:, :-1], "labels": window[:, 1:]}
+
+
+def _grain_peer(tokens: np.ndarray, threads: int) -> Iterator[Any]:
+    """Grain's MapDataset over the memmap: in the caller's thread (``threads=0``)
+    or through ``to_iter_dataset`` with ``threads`` reader threads and a buffer
+    of 2 batches per thread (its default buffer of 500 would fill between the
+    interleaved passes)."""
+    import grain
+
+    class Windows:
+        def __len__(self) -> int:
+            return (len(tokens) - 1) // SEQ_LEN
+
+        def __getitem__(self, i: int) -> np.ndarray:
+            return tokens[i * SEQ_LEN : i * SEQ_LEN + SEQ_LEN + 1]
+
+    def split(window: np.ndarray) -> dict[str, np.ndarray]:
+        window = window.astype(np.int64)
+        return {"input_ids": window[:, :-1], "labels": window[:, 1:]}
+
+    ds = (grain.MapDataset.source(Windows()).shuffle(seed=1)
+          .batch(BATCH, drop_remainder=True).map(split))
+    while True:
+        if threads == 0:
+            yield from (ds[i] for i in range(len(ds)))
+        else:
+            options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
+            yield from ds.to_iter_dataset(options)
+
+
+def _peers(path: Path, work: Path) -> dict[str, Iterator[Any]]:
+    """The batches of each installed peer (those missing are skipped, with a note)."""
+    tokens = _windows_memmap(path)
+    makers: dict[str, Callable[[], Iterator[Any]]] = {
+        "torch DataLoader, map-style memmap, 0 workers": lambda: _torch_peer(tokens, 0),
+        "torch DataLoader, map-style memmap, 2 workers": lambda: _torch_peer(tokens, 2),
+        "HF datasets, numpy format, ds[indices]": lambda: _hf_peer(tokens, work / "hf"),
+        "LitData StreamingDataset + TokensLoader": lambda: _litdata_peer(
+            path / "00000.tokens", len(tokens), work / "litdata"),
+        "Grain MapDataset over the memmap, caller's thread": lambda: _grain_peer(tokens, 0),
+        "Grain MapDataset over the memmap, 2 threads": lambda: _grain_peer(tokens, 2),
+    }
+    peers = {}
+    for name, make in makers.items():
+        try:
+            peers[name] = make()
+            next(peers[name])  # builds what the peer needs (HF and LitData files)
+        except ImportError as error:
+            peers.pop(name)
+            print(f"skipped {name}: {error}", file=sys.stderr)
+    return peers
+
+
+class Synthetic:
+    """``length`` observations; a read returns the indices (no I/O)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def read(self, indices: np.ndarray) -> Batch:
+        return Batch.from_columns({"index": indices})
+
+
+def _first_batch(length: int, resume_step: int | None) -> float:
+    """Seconds from constructing a Loader (and loading a state at ``resume_step``)
+    to its first batch, best of 5."""
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        loader = Loader(Synthetic(length), BATCH, seed=3, output="batch")
+        if resume_step is not None:
+            loader.load_state_dict({**loader.state_dict(), "consumed": resume_step * BATCH})
+        next(iter(loader))
+        best = min(best, time.perf_counter() - start)
+        loader.close()
+    return best
+
+
+_RSS_CHILD = """
+import sys
+from zerobatch import Batch, Loader
+class Synthetic:
+    def __init__(self, length): self.length = length
+    def __len__(self): return self.length
+    def read(self, indices): return Batch.from_columns({"index": indices})
+loader = Loader(Synthetic(int(sys.argv[1])), 32, seed=3, output="batch", prefetch=4)
+for _, _b in zip(range(2000), loader):
+    pass
+print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+           if line.startswith("VmHWM:")))
+"""
+
+
+def _peak_rss(length: int) -> int:
+    """Peak RSS (VmHWM: ru_maxrss would keep the forking parent's) of a fresh
+    process iterating 2,000 batches of a synthetic source of ``length``."""
+    done = subprocess.run([sys.executable, "-c", _RSS_CHILD, str(length)],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    line = "  ".join(f"{{:<{widths[0]}}}" if i == 0 else f"{{:>{w}}}"
+                     for i, w in enumerate(widths))
+    print(line.format(*header))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line.format(*row))
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=64_000_000, help="dataset size")
+    parser.add_argument("--steps", type=int, default=200, help="batches per timed pass")
+    parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="8 M tokens, 50 steps, 3 passes")
+    args = parser.parse_args()
+    if args.quick:
+        args.tokens, args.steps, args.passes = 8_000_000, 50, 3
+    work = Path(tempfile.mkdtemp(prefix="zerobatch-loader-bench-"))
+    try:
+        _write(work / "corpus", args.tokens)
+        _warm(work / "corpus")
+        windows = open_dataset(work / "corpus").windows(SEQ_LEN, columns=COLUMNS)
+        steps = min(args.steps, len(windows) // BATCH)
+        print(f"{args.tokens / 1e6:.0f} M uint16 tokens, {len(windows)} windows of {SEQ_LEN}, "
+              f"batch {BATCH}, columns {', '.join(COLUMNS)} (int64), {steps} batches a pass, "
+              f"best of {args.passes}\n")
+
+        costs = _overhead(windows, steps, args.passes)
+        plain_wall, plain_cpu = costs["plain loop of windows.read"]
+        print("1. Loader overhead")
+        _table([(name, f"{BATCH * SEQ_LEN / wall / 1e6:,.0f}", f"{plain_wall / wall:.3f}",
+                 f"{cpu * 1e3:.2f}", f"{cpu / plain_cpu:.3f}")
+                for name, (wall, cpu) in costs.items()],
+               ("reader", "M tok/s", "vs plain", "CPU ms/batch", "CPU vs plain"))
+
+        print(f"2. Overlap: the consumer sleeps 2x and 5x a read ({plain_wall * 1e3:.2f} ms) "
+              "a step, 1 reader thread")
+        rows = []
+        for times in (2, 5):
+            shares = _overlap(windows, times * plain_wall, min(steps, 100))
+            rows += [(f"step {times}x a read, prefetch {p}", f"{share:.1%}")
+                     for p, share in shares.items()]
+        _table(rows, ("loader", "waiting, share of step"))
+
+        peers = _peers(work / "corpus", work)
+        rates = _rates({
+            **{f"zerobatch Loader, {n} thread(s), torch output":
+               iter(Loader(windows, BATCH, seed=4, num_threads=n, epochs=None))
+               for n in (1, 2)},
+            **peers}, steps, args.passes)
+        fastest = max((rates[name] for name in peers), default=float("nan"))
+        print("3. Peers, same tokens (peers: input_ids and labels only)")
+        _table([(name, f"{rate * BATCH * SEQ_LEN / 1e6:,.1f}", f"{rate / fastest:.2f}")
+                for name, rate in rates.items()],
+               ("reader", "M tok/s", "vs fastest peer"))
+    finally:
+        shutil.rmtree(work)
+
+    print("4. Start and resume (synthetic source, reads return the indices)")
+    _table([("first batch, 10^12 observations", f"{_first_batch(10**12, None) * 1e3:.2f}"),
+            ("first batch after load_state_dict at step 10^9",
+             f"{_first_batch(10**12, 10**9) * 1e3:.2f}")], ("", "ms"))
+    small, large = _peak_rss(10**6), _peak_rss(10**12)
+    _table([("10^6 observations", f"{small / 2**20:.1f}"),
+            ("10^12 observations", f"{large / 2**20:.1f}"),
+            ("difference", f"{(large - small) / 2**20:.1f}")],
+           ("peak RSS, fresh process, 2,000 batches", "MiB"))
+
+
+if __name__ == "__main__":
+    main()
