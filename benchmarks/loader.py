@@ -9,7 +9,8 @@ cache. Everything is measured in this run, passes interleaved, best of each:
    ``windows.read`` calls in a plain loop, indices computed before timing or
    by ``Plan.indices`` in the loop, and CPU seconds per batch
    (``time.process_time``, all threads), which other processes on the machine
-   disturb less than wall time.
+   disturb less than wall time. Then the same over a source whose read
+   returns a prebuilt batch: what the plan and the Loader cost per step alone.
 2. Overlap: a consumer that sleeps a fixed time per step (GIL-free, 2x and 5x
    the measured read time) times how long it waits in ``next()`` for data,
    with ``prefetch`` 0 and 2 (one reader thread).
@@ -117,6 +118,41 @@ def _overhead(windows: Any, steps: int, passes: int) -> dict[str, tuple[float, f
                   "Loader, 1 thread": loader(1),
                   "Loader, 2 threads": loader(2),
                   "Loader, 2 threads, torch output": loader(2, "torch")}, passes)
+
+
+class Prebuilt:
+    """10^9 observations; every read returns the same prebuilt batch (no work)."""
+
+    def __init__(self) -> None:
+        self.batch = Batch.from_columns({"index": np.arange(BATCH)})
+
+    def __len__(self) -> int:
+        return 10**9
+
+    def read(self, indices: np.ndarray) -> Batch:
+        return self.batch
+
+
+def _machinery(steps: int, passes: int) -> dict[str, tuple[float, float]]:
+    """Per-step cost of the plan and the Loader alone, over :class:`Prebuilt`."""
+    source = Prebuilt()
+    plan = Plan(len(source), BATCH, seed=1)
+
+    def planned() -> int:
+        for k in range(steps):
+            source.read(plan.indices(0, k * BATCH, 0)[0])
+        return steps
+
+    def loader(threads: int) -> Callable[[], int]:
+        def run() -> int:
+            with Loader(source, BATCH, seed=1, num_threads=threads, output="batch") as batches:
+                for _ in itertools.islice(batches, steps):
+                    pass
+            return steps
+        return run
+
+    return _best({"plain loop, plan.indices in the loop": planned,
+                  **{f"Loader, {n} thread(s)": loader(n) for n in (0, 1, 2)}}, passes)
 
 
 def _overlap(windows: Any, step_s: float, steps: int) -> dict[int, float]:
@@ -356,6 +392,12 @@ def main() -> None:
                  f"{cpu * 1e3:.2f}", f"{cpu / plain_cpu:.3f}")
                 for name, (wall, cpu) in costs.items()],
                ("reader", "M tok/s", "vs plain", "CPU ms/batch", "CPU vs plain"))
+
+        machinery = _machinery(50 * steps, args.passes)
+        print("1b. The plan and the Loader alone: a source whose read returns a prebuilt batch")
+        _table([(name, f"{cpu * 1e6:.1f}", f"{wall * 1e6:.1f}")
+                for name, (wall, cpu) in machinery.items()],
+               ("reader", "CPU us/step", "wall us/step"))
 
         print(f"2. Overlap: the consumer sleeps 2x and 5x a read ({plain_wall * 1e3:.2f} ms) "
               "a step, 1 reader thread")
