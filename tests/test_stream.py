@@ -380,3 +380,92 @@ def test_tokens_only_never_read_document_offsets(tmp_path: Path) -> None:
     with pytest.raises(FormatError, match=r"00000\.docs") as info:
         ds.windows(8, columns=("position_ids",)).read([0])
     assert info.value.field == "offsets"
+
+
+_TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), shard_tokens=st.integers(1, 80),
+       seq_len=st.integers(1, 40), stride=st.integers(1, 50),
+       method=st.sampled_from(["pread", "mmap"]), dtype=st.sampled_from(["int64", "int32"]),
+       stored=st.sampled_from(["<u2", "<u4"]),
+       picks=st.lists(st.sampled_from(_TOKEN_COLUMNS), min_size=1, max_size=3))
+def test_direct_windows_match_model(tmp_path_factory: pytest.TempPathFactory, seed: int,
+                                    shard_tokens: int, seq_len: int, stride: int, method: str,
+                                    dtype: str, stored: str, picks: list[str]) -> None:
+    """Cast token columns of a tokens-only dataset, read and cast window by
+    window from local files, equal the NumPy model and the full batch."""
+    from zerobatch.storage import LocalStorage
+
+    rng = np.random.default_rng(seed)
+    corpus = random_corpus(rng, docs=12, max_len=30, vocab=2**16 if stored == "<u2" else 2**31)
+    path = write(tmp_path_factory.mktemp("ds") / "ds", corpus, metadata=None, mask=False,
+                 shard_tokens=shard_tokens, token_dtype=stored)
+    if "input_ids" not in picks:
+        picks.append("labels")  # position_ids alone reads no tokens: not this path
+    ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))  # type: ignore[arg-type]
+    some = ds.windows(seq_len, stride=stride, dtype=dtype, columns=picks)
+    assert some._direct
+    full = ds.windows(seq_len, stride=stride, dtype=dtype)
+    if not len(full):
+        return
+    indices = rng.integers(0, len(full), size=int(rng.integers(0, 9)))
+    got, want = some.read(indices), full.read(indices)
+    _same_as_validated(got)
+    assert got.fields == list(some.columns)
+    for row, i in enumerate(indices.tolist()):
+        model = corpus.window(i * stride, seq_len)
+        for name in got.fields:
+            assert got[name].dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(got[name][row], model[name])
+            np.testing.assert_array_equal(got[name][row], want[name][row])
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+def test_direct_windows_truncated_shard(tmp_path: Path, method: str) -> None:
+    """A token file cut after the dataset was opened: the direct read names it."""
+    from zerobatch.errors import FormatError
+    from zerobatch.storage import LocalStorage
+
+    corpus = random_corpus(np.random.default_rng(4), docs=20, max_len=30)
+    path = write(tmp_path / "ds", corpus, metadata=None, mask=False, shard_tokens=1000)
+    ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))  # type: ignore[arg-type]
+    tokens = path / "00000.tokens"
+    tokens.write_bytes(tokens.read_bytes()[:100])
+    for columns in (("input_ids", "labels"), ("labels", "position_ids")):
+        windows = ds.windows(8, columns=columns)
+        np.testing.assert_array_equal(windows.read([2])["labels"][0], corpus.tokens[17:25])
+        with pytest.raises(FormatError, match=r"00000\.tokens.*truncated") as info:
+            windows.read([2, len(windows) - 1])
+        assert info.value.field == "bytes"
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+def test_direct_windows_from_threads(tmp_path: Path, method: str) -> None:
+    from zerobatch.storage import LocalStorage
+
+    corpus = random_corpus(np.random.default_rng(6), docs=60, max_len=50)
+    path = write(tmp_path / "ds", corpus, metadata=None, mask=False, shard_tokens=100)
+    ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))  # type: ignore[arg-type]
+    windows = ds.windows(16, columns=_TOKEN_COLUMNS)  # files open under the threads
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            order = np.random.default_rng(seed).permutation(len(windows))
+            for chunk in np.array_split(order, 8):
+                batch = windows.read(chunk)
+                for row, i in enumerate(chunk.tolist()):
+                    model = corpus.window(i * 16, 16)
+                    for name in _TOKEN_COLUMNS:
+                        np.testing.assert_array_equal(batch[name][row], model[name])
+        except BaseException as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors

@@ -30,9 +30,12 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
+from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
+from numba.core.extending import intrinsic
 
-__all__ = ["LocalStorage"]
+__all__ = ["LocalStorage", "check_status", "prefetch_request", "read_request"]
 
 _memcpy: Any = types.ExternalFunction(
     "memcpy", types.voidptr(types.voidptr, types.voidptr, types.uintp)
@@ -42,40 +45,105 @@ _pread: Any = types.ExternalFunction(
 )
 
 
+_LINE = 64  # bytes per cache line
+
+
+def _prefetch_typer(typingctx: Any, address: Any) -> Any:
+    """``_prefetch(address)``: hint the CPU to load the cache line at ``address``
+    (``llvm.prefetch``: read, keep in all cache levels). Never faults, whatever
+    the address."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        pointer, word = ir.IntType(8).as_pointer(), ir.IntType(32)
+        function = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [pointer, word, word, word]),
+            "llvm.prefetch.p0i8",
+        )
+        builder.call(function, [builder.inttoptr(args[0], pointer), word(0), word(3), word(1)])
+        return context.get_dummy_value()
+
+    return types.void(types.intp), codegen
+
+
+_prefetch: Any = intrinsic(_prefetch_typer)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def prefetch_request(
+    handle: int, start: int, length: int, addresses: np.ndarray, sizes: np.ndarray,
+    use_pread: bool,
+) -> None:
+    """Start loading the ``length`` bytes at byte ``start`` of file ``handle``
+    into the CPU caches, when it is mapped (Numba only; a no-op with pread or
+    for a request ``read_request`` would refuse). Issued one window ahead, it
+    hides the memory latency of shuffled reads behind the current window's work."""
+    if use_pread or handle < 0 or handle >= sizes.shape[0] or sizes[handle] < 0:
+        return
+    if start < 0 or length <= 0 or start + length > sizes[handle]:
+        return
+    first = addresses[handle] + start
+    for line in range(first - first % _LINE, first + length, _LINE):
+        _prefetch(line)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def read_request(
+    handle: int, start: int, length: int, address: int,
+    descriptors: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
+) -> int:
+    """Read ``length`` bytes at byte ``start`` of file ``handle`` to memory at
+    ``address``, by ``pread(2)`` or by ``memcpy`` from its mapping (Numba only;
+    the caller checks that they fit). Returns 1, or a status: 0 the file ended
+    early (or shrank, with pread), -1 the handle is not open, -3 ``pread`` failed."""
+    if handle < 0 or handle >= sizes.shape[0] or sizes[handle] < 0:
+        return -1
+    if start < 0 or length < 0 or start + length > sizes[handle]:
+        return 0
+    if not use_pread:
+        if length > 0:
+            _memcpy(address, addresses[handle] + start, length)
+        return 1
+    done = 0
+    while done < length:
+        got = _pread(np.intc(descriptors[handle]), address + done, length - done, start + done)
+        if got == 0:
+            return 0
+        if got < 0:
+            return -3
+        done += got
+    return 1
+
+
 @njit(nogil=True, cache=True)
 def _read_all(
     handles: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
     buffer: np.ndarray, destinations: np.ndarray,
     descriptors: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
 ) -> tuple[int, int]:
-    """Run every request, by ``pread(2)`` or by ``memcpy`` from the mappings.
+    """Run every request (``read_request``) into ``buffer``.
 
-    Returns (-1, 0), or (request, status): status 0 means the file ended early
-    (or shrank, with pread), -1 that the handle is not open, -2 that the request
-    does not fit the buffer, -3 that ``pread`` failed."""
+    Returns (-1, 0), or (request, status): ``read_request``'s status, or -2
+    when the request does not fit the buffer."""
     base = buffer.ctypes.data
     for i in range(handles.shape[0]):
-        h, start, length = handles[i], offsets[i], lengths[i]
+        length = lengths[i]
         if length < 0 or destinations[i] < 0 or destinations[i] + length > buffer.size:
             return i, -2
-        if h < 0 or h >= sizes.shape[0] or sizes[h] < 0:
-            return i, -1
-        if start < 0 or start + length > sizes[h]:
-            return i, 0
-        if not use_pread:
-            if length > 0:
-                _memcpy(base + destinations[i], addresses[h] + start, length)
-            continue
-        done = 0
-        while done < length:
-            got = _pread(np.intc(descriptors[h]), base + destinations[i] + done,
-                         length - done, start + done)
-            if got == 0:
-                return i, 0
-            if got < 0:
-                return i, -3
-            done += got
+        status = read_request(handles[i], offsets[i], length, base + destinations[i],
+                              descriptors, addresses, sizes, use_pread)
+        if status < 1:
+            return i, status
     return -1, 0
+
+
+def check_status(status: int, request: int, handles: npt.NDArray[np.int64]) -> None:
+    """Raise for a ``read_request`` status below 0 (or -2: a request that does
+    not fit the buffer); a short read (0) is the caller's to report."""
+    if status == -3:
+        raise OSError(f"request {request}: pread failed on handle {int(handles[request])}")
+    if status == -2:
+        raise ValueError(f"request {request} does not fit the buffer")
+    if status < 0:
+        raise OSError(f"request {request}: handle {int(handles[request])} is not open")
 
 
 class _Files:
@@ -190,17 +258,17 @@ class LocalStorage:
         """Run all requests in one GIL-free loop; -1, or the first short request."""
         if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
             raise ValueError("buffer must be a C-contiguous uint8 vector")
-        files = self._files  # holds the mappings alive until the copies are done
+        files, use_pread = self.files()  # holds the mappings alive until the copies are done
         short, status = _read_all(handles, offsets, lengths, buffer, destinations,
-                                  files.fds, files.addresses, files.sizes,
-                                  self._method == "pread")
-        if status == -3:
-            raise OSError(f"request {short}: pread failed on handle {int(handles[short])}")
-        if status == -2:
-            raise ValueError(f"request {short} does not fit the buffer")
-        if status < 0:
-            raise OSError(f"request {short}: handle {int(handles[short])} is not open")
+                                  files.fds, files.addresses, files.sizes, use_pread)
+        check_status(status, short, handles)
         return int(short)
+
+    def files(self) -> tuple[_Files, bool]:
+        """The open files as arrays for Numba kernels that call ``read_request``
+        themselves (``fds``, ``addresses``, ``sizes``), and whether to ``pread``.
+        Keep the table until those reads return: it keeps the mappings alive."""
+        return self._files, self._method == "pread"
 
     def readinto(
         self, handle: int, offset: int, buffer: bytearray | memoryview | np.ndarray

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from zerobatch.storage.local import prefetch_request, read_request
+
 __all__ = [
     "BAD_DOCS",
     "BAD_INDEX",
@@ -22,6 +24,8 @@ __all__ = [
     "plan_documents",
     "plan_windows",
     "read_requests",
+    "read_window_positions",
+    "read_window_tokens",
     "window_columns",
     "window_columns_meta",
     "window_positions",
@@ -196,11 +200,10 @@ def _segments(
 
 @njit(nogil=True, cache=True, inline="always")
 def _decode_tokens(
-    b: int, tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray
+    b: int, source: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray
 ) -> None:
     """Row ``b`` of ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]``
-    cast, each skipped when it has no rows."""
-    source = tokens[b]
+    cast from ``source`` (``tokens[b]``), each skipped when it has no rows."""
     if inputs.shape[0] > 0:
         decoded = inputs[b]
         for t in range(seq_len):  # row views: the loops vectorize
@@ -224,7 +227,7 @@ def _decode_row(
     """Row ``b`` of ``inputs`` and ``labels`` (``_decode_tokens``) and of
     ``positions`` (0 at the window start and at each document start; skipped
     when it has no rows)."""
-    _decode_tokens(b, tokens, seq_len, inputs, labels)
+    _decode_tokens(b, tokens[b], seq_len, inputs, labels)
     if positions.shape[0] == 0:
         return
     row = positions[b]
@@ -241,7 +244,7 @@ def window_tokens(
     """``inputs`` and ``labels`` of a window batch (``_decode_tokens``), when no
     column needs the documents."""
     for b in range(tokens.shape[0]):
-        _decode_tokens(b, tokens, seq_len, inputs, labels)
+        _decode_tokens(b, tokens[b], seq_len, inputs, labels)
 
 
 @njit(nogil=True, cache=True)
@@ -265,44 +268,147 @@ def window_columns(
     return segments
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _row_positions(
+    b: int, p: int, pieces: np.ndarray, n: int, seq_len: int, docs: list | tuple, row: np.ndarray,
+) -> tuple[int, int, int]:
+    """Row ``b`` of ``positions`` from its pieces, the first at ``p``: the
+    document starts are written as they are found, nothing is allocated.
+    Returns (the next row's first piece, code, shard)."""
+    while p < pieces.shape[0] and pieces[p, OBS] == b:
+        s, a = pieces[p, SHARD], pieces[p, START]
+        c = pieces[p, DEST] - b * n  # a piece starts a segment (shards end documents)
+        m = min(pieces[p, LENGTH], seq_len - c)
+        p += 1
+        if m <= 0:
+            continue
+        table = docs[s]
+        k = _first_document(table, a)
+        if k < 0:
+            return p, BAD_DOCS, s
+        end = np.uint64(a + m)
+        segment = c
+        while True:
+            k += 1  # the next document starts at column c + table[k] - a
+            stop = c + m if table[k] >= end else c + np.int64(table[k]) - a
+            values = row[segment:stop]  # a view: the loop vectorizes
+            for t in range(values.shape[0]):
+                values[t] = t
+            if table[k] >= end:
+                break
+            if k + 1 >= table.shape[0] or table[k + 1] <= table[k]:
+                return p, BAD_DOCS, s
+            segment = stop
+    return p, OK, 0
+
+
 @njit(nogil=True, cache=True)
 def window_positions(
     tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int, docs: list,
     inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
 ) -> tuple[int, int]:
     """``inputs`` and ``labels`` (``_decode_tokens``) and ``positions`` of a
-    window batch, when neither ``cu_seqlens`` nor ``doc_ids`` is asked for:
-    the document starts are written as they are found, nothing is allocated.
-    Returns (code, shard)."""
+    window batch, when neither ``cu_seqlens`` nor ``doc_ids`` is asked for
+    (``_row_positions``). Returns (code, shard)."""
     p = 0
     for b in range(tokens.shape[0]):
-        _decode_tokens(b, tokens, seq_len, inputs, labels)
-        row = positions[b]
-        while p < pieces.shape[0] and pieces[p, OBS] == b:
-            s, a = pieces[p, SHARD], pieces[p, START]
-            c = pieces[p, DEST] - b * n  # a piece starts a segment (shards end documents)
-            m = min(pieces[p, LENGTH], seq_len - c)
-            p += 1
-            if m <= 0:
-                continue
-            table = docs[s]
-            k = _first_document(table, a)
-            if k < 0:
-                return BAD_DOCS, s
-            end = np.uint64(a + m)
-            segment = c
-            while True:
-                k += 1  # the next document starts at column c + table[k] - a
-                stop = c + m if table[k] >= end else c + np.int64(table[k]) - a
-                values = row[segment:stop]  # a view: the loop vectorizes
-                for t in range(values.shape[0]):
-                    values[t] = t
-                if table[k] >= end:
-                    break
-                if k + 1 >= table.shape[0] or table[k + 1] <= table[k]:
-                    return BAD_DOCS, s
-                segment = stop
+        _decode_tokens(b, tokens[b], seq_len, inputs, labels)
+        p, code, shard = _row_positions(b, p, pieces, n, seq_len, docs, positions[b])
+        if code != OK:
+            return code, shard
     return OK, 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_row(
+    b: int, p: int, pieces: np.ndarray, requests: np.ndarray, n: int, itemsize: int,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
+    row: np.ndarray,
+) -> tuple[int, int, int]:
+    """Read window ``b`` (its pieces from ``p``, their ``read_requests``) into
+    ``row`` (``n`` records) with ``read_request``. Returns (the next window's
+    first piece, the failed request or -1, its status)."""
+    base = row.ctypes.data - b * n * itemsize  # request destinations are batch offsets
+    while p < pieces.shape[0] and pieces[p, OBS] == b:
+        length, dest = requests[2, p], requests[3, p]
+        if length < 0 or dest < b * n * itemsize or dest + length > (b + 1) * n * itemsize:
+            return p, p, -2
+        status = read_request(requests[0, p], requests[1, p], length, base + dest,
+                              fds, addresses, sizes, use_pread)
+        if status < 1:
+            return p, p, status
+        p += 1
+    return p, -1, 1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_windows(
+    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
+    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    sizes: np.ndarray, use_pread: bool, seq_len: int, docs: list | tuple, inputs: np.ndarray,
+    labels: np.ndarray, positions: np.ndarray,
+) -> tuple[int, int, int, int, int, int]:
+    """``plan_windows``, then each window read into ``row`` (``n`` token
+    records, reused, so it stays in the L1 cache) and cast into ``inputs`` and
+    ``labels`` at once, then its ``positions`` (``_row_positions``; skipped
+    when it has no rows): the batch's records are never written. From
+    mappings, the next window is prefetched while this one is cast.
+
+    Returns (bad index position, shard not open yet, failed request of
+    ``plan_windows``'s, its ``read_request`` status or -2, code, shard); the
+    first three are -1 when there is no such thing. Nothing is read when an
+    index is bad or a shard is not open.
+    """
+    pieces, requests, closed, bad = plan_windows(
+        indices, stride, n, count, shard_starts, handles, row.itemsize
+    )
+    if bad >= 0 or closed >= 0:
+        return bad, closed, -1, 1, OK, 0
+    itemsize = row.itemsize
+    p = ahead = 0
+    for b in range(indices.shape[0]):
+        while ahead < pieces.shape[0] and pieces[ahead, OBS] <= b + 1:  # the next window
+            prefetch_request(requests[0, ahead], requests[1, ahead], requests[2, ahead],
+                             addresses, sizes, use_pread)
+            ahead += 1
+        first = p
+        p, failed, status = _read_row(b, p, pieces, requests, n, itemsize, fds, addresses,
+                                      sizes, use_pread, row)
+        if failed >= 0:
+            return -1, -1, failed, status, OK, 0
+        _decode_tokens(b, row, seq_len, inputs, labels)
+        if positions.shape[0] > 0:
+            _, code, shard = _row_positions(b, first, pieces, n, seq_len, docs, positions[b])
+            if code != OK:
+                return -1, -1, -1, 1, code, shard
+    return -1, -1, -1, 1, OK, 0
+
+
+@njit(nogil=True, cache=True)
+def read_window_tokens(
+    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
+    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+) -> tuple[int, int, int, int, int, int]:
+    """``inputs`` and ``labels`` of windows ``indices``, straight from local
+    files (``fds``, ``addresses``, ``sizes``: ``LocalStorage.files``); see
+    ``_read_windows``, which returns what this returns."""
+    no_docs = (np.zeros(2, np.uint64),)  # positions have no rows: never indexed
+    return _read_windows(indices, stride, n, count, shard_starts, handles, row, fds, addresses,
+                         sizes, use_pread, seq_len, no_docs, inputs, labels, labels[:0])
+
+
+@njit(nogil=True, cache=True)
+def read_window_positions(
+    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
+    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    sizes: np.ndarray, use_pread: bool, seq_len: int, docs: list, inputs: np.ndarray,
+    labels: np.ndarray, positions: np.ndarray,
+) -> tuple[int, int, int, int, int, int]:
+    """``read_window_tokens`` and ``positions`` (``docs``: every shard's
+    document offsets)."""
+    return _read_windows(indices, stride, n, count, shard_starts, handles, row, fds, addresses,
+                         sizes, use_pread, seq_len, docs, inputs, labels, positions)
 
 
 @njit(nogil=True, cache=True)

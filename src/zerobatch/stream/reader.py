@@ -28,7 +28,8 @@ from numba import typed
 from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
 from zerobatch.columnar.schema import normalize_column
 from zerobatch.errors import FormatError
-from zerobatch.storage import Storage, is_url, join, local_path, open_storage
+from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
+from zerobatch.storage.local import check_status
 from zerobatch.stream import _kernels as k
 from zerobatch.stream._arena import ALIGN, Arena, carve
 from zerobatch.stream.manifest import (
@@ -88,6 +89,7 @@ class Dataset:
         self._path = path
         self._manifest = manifest
         self._storage = storage
+        self._local = storage if isinstance(storage, LocalStorage) else None
         self._serializer = serializer
         shards = manifest.shards
         self._records = np.array([s.records for s in shards], dtype=np.int64)
@@ -231,12 +233,18 @@ class Dataset:
             requests[0] = self._open(shards)[shards]
         short = self._storage.read_into(requests[0], requests[1], requests[2], buffer, requests[3])
         if short >= 0:
-            raise self._shard_error(
-                int(shards[short]), TOKENS, "bytes",
-                f"file ends before byte {int(requests[1, short] + requests[2, short])}; "
-                "truncated or not fully written?",
-            )
+            raise self._short_read(shards, requests, short)
         return buffer.view(self._manifest.record_dtype)
+
+    def _short_read(
+        self, shards: npt.NDArray[np.int64], requests: npt.NDArray[np.int64], short: int
+    ) -> FormatError:
+        """The error for request ``short`` of ``requests``, which came back short."""
+        return self._shard_error(
+            int(shards[short]), TOKENS, "bytes",
+            f"file ends before byte {int(requests[1, short] + requests[2, short])}; "
+            "truncated or not fully written?",
+        )
 
     def _check(self, code: int, shard: int) -> None:
         if code == k.OK:
@@ -370,6 +378,13 @@ class TokenWindows:
         self._dense = self._dense_schema()
         self._record_dtype = manifest.record_dtype
         self._token_field = manifest.token_field
+        # Cast token columns with nothing else from the records: from local files,
+        # one kernel reads each window and casts it (``_read_direct``).
+        self._direct = (self._dtype is not None and self._token_field is None
+                        and (self._want_inputs or self._want_labels)
+                        and not (self._want_jagged or self._want_metadata))
+        self._direct_schema = {name: self._dense[name] for name in self._columns
+                               if name in self._dense}
 
     def _window_columns(self) -> tuple[str, ...]:
         """Every column a batch can hold, in batch order."""
@@ -420,6 +435,8 @@ class TokenWindows:
         allowed) as one Batch."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
         idx = _indices(indices)
+        if self._direct and ds._local is not None:
+            return self._read_direct(ds._local, idx)
         itemsize = self._record_dtype.itemsize
         pieces, requests, closed, bad = k.plan_windows(
             idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles, itemsize
@@ -477,6 +494,51 @@ class TokenWindows:
         if metadata is not None:
             out["metadata"] = metadata
         return Batch._trusted(out, idx, {name: schema[name] for name in out})
+
+    def _read_direct(self, local: LocalStorage, idx: npt.NDArray[np.int64]) -> Batch:
+        """``read`` of cast token columns (and ``position_ids``) from local files,
+        in one kernel call that plans, reads each window into a row buffer and
+        casts it at once: the batch's records are never written."""
+        ds, n, seq_len, b_count = self._ds, self._span, self._seq_len, idx.shape[0]
+        plane_items = self._planes * b_count * seq_len
+        planes = ds._arena.take(plane_items * self._plane_dtype.itemsize).view(
+            self._plane_dtype)[:plane_items].reshape(self._planes, b_count, seq_len)
+        inputs = planes[0] if self._want_inputs else self._no_rows
+        labels = planes[int(self._want_inputs)] if self._want_labels else self._no_rows
+        row = np.empty(n, self._record_dtype)
+        plan = (idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles, row)
+        while True:
+            files, use_pread = local.files()  # keeps the mappings alive until the kernel returns
+            if self._want_positions:
+                bad, closed, failed, status, code, shard = k.read_window_positions(
+                    *plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
+                    ds._docs_tables(), inputs, labels, planes[-1],
+                )
+            else:
+                bad, closed, failed, status, code, shard = k.read_window_tokens(
+                    *plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
+                    inputs, labels,
+                )
+            if closed < 0:
+                break
+            pieces = k.plan_windows(*plan[:-1], row.itemsize)[0]
+            ds._open(pieces[:, k.SHARD])  # the first reads of these shards: then again
+        if bad >= 0:
+            raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
+        if failed >= 0:
+            pieces, requests = k.plan_windows(*plan[:-1], row.itemsize)[:2]
+            if status == 0:
+                raise ds._short_read(pieces[:, k.SHARD], requests, failed)
+            check_status(status, failed, requests[0])
+        ds._check(code, shard)
+        out: dict[str, Any] = {}
+        if self._want_inputs:
+            out["input_ids"] = inputs
+        if self._want_labels:
+            out["labels"] = labels
+        if self._want_positions:
+            out["position_ids"] = planes[-1]
+        return Batch._trusted(out, idx, dict(self._direct_schema))
 
     def _segment_columns(
         self, records: np.ndarray, tokens: np.ndarray, pieces: npt.NDArray[np.int64],
