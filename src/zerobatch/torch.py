@@ -11,7 +11,10 @@ Each worker reads in its own thread (no prefetch threads inside workers). Each
 pass starts from the loader's state (``loader.load_state_dict`` before
 building the DataLoader resumes there, with any worker count) and runs
 ``loader.epochs`` epochs; the workers never move the loader itself, so call
-``loader.set_epoch(e)`` before each pass, or build it with ``epochs=None``.
+``loader.set_epoch(e)`` before each pass, or build it with ``epochs=None``
+(or ``epochs=N`` for the whole run and one pass). WARNING: with
+``persistent_workers=True`` the workers keep the loader they started with, and
+``set_epoch`` in the main process does not reach them.
 
 Resume through ``torchdata.stateful_dataloader.StatefulDataLoader``: the
 dataset and the iterators it returns implement that loader's protocol
