@@ -299,7 +299,8 @@ def test_empty_datasets_read_empty_batches(
         if metadata:
             (folder / "00000.meta.index").write_bytes(bytes(8))
             (folder / "00000.meta.data").write_bytes(b"")
-            files.update({"meta.index": 8, "meta.data": 0})
+            (folder / "00000.meta.spans").write_bytes(b"")
+            files.update({"meta.index": 8, "meta.data": 0, "meta.spans": 0})
         _edit(folder, lambda m: m["shards"].append({
             "name": "00000", "records": 0, "documents": 0,
             "metadata_entries": 0 if metadata else None,

@@ -39,11 +39,14 @@ def _poke(path: Path, dtype: str, position: int, value: int) -> None:
 
 
 def _read_all(path: Path) -> None:
-    """Read every window (positions alone first: their own kernel) and document,
-    and decode every metadata value."""
+    """Read every window (positions alone first: their own kernel), every
+    one-token window (each token is then the first of a window: version 2
+    reads only that token's metadata id) and document, and decode every
+    metadata value."""
     ds = stream.open_dataset(path)
     positions = ds.windows(8, columns=("position_ids",))
     positions.read(np.arange(len(positions)))
+    ds.windows(1, labels=False).read(np.arange(ds.num_tokens))
     for batch in (ds.windows(8).read(np.arange(len(ds.windows(8)))),
                   ds.documents().read(np.arange(ds.num_documents))):
         if "metadata" in batch:
@@ -81,7 +84,7 @@ def test_truncated_file_read_after_open(dataset: Path) -> None:
         ds.windows(8).read([len(ds.windows(8)) - 1])
 
 
-@pytest.mark.parametrize("suffix", ["meta.data", "meta.index", "docs"])
+@pytest.mark.parametrize("suffix", ["meta.data", "meta.index", "meta.spans", "docs"])
 @pytest.mark.parametrize("cut", [1, 8])
 def test_offsets_or_data_truncated_after_open(dataset: Path, suffix: str, cut: int) -> None:
     ds = stream.open_dataset(dataset)
@@ -89,7 +92,18 @@ def test_offsets_or_data_truncated_after_open(dataset: Path, suffix: str, cut: i
     target.write_bytes(target.read_bytes()[:-cut])
     with pytest.raises(FormatError, match=rf"00000\.{suffix}") as info:
         ds.windows(8).read([0])
-    assert info.value.field == ("bytes" if suffix == "meta.data" else "offsets")
+    fields = {"meta.data": "bytes", "meta.spans": "rows"}
+    assert info.value.field == fields.get(suffix, "offsets")
+
+
+@pytest.mark.parametrize(("entry", "column", "value"), [
+    (1, 2, 7),  # an unknown kind
+    (2, 1, 10**9),  # an end past the shard
+    (0, 0, 10**6),  # a start past its end
+])
+def test_metadata_spans_rows(dataset: Path, entry: int, column: int, value: int) -> None:
+    _poke(dataset / "00000.meta.spans", "<u8", 3 * entry + column, value)
+    _expect(dataset, "00000.meta.spans", "rows")
 
 
 @pytest.mark.parametrize(("position", "value"), [(3, 0), (3, 10**9), (-1, 5)])
@@ -112,7 +126,7 @@ def _run_starts(records: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("where", [0.0, 0.5, 1.0])  # the first, a middle or the last run
 @pytest.mark.parametrize(("kind", "message"), [("range", "out of range"),
-                                               ("order", "rise by one")])
+                                               ("order", "does not cover its token")])
 def test_metadata_ids(dataset: Path, where: float, kind: str, message: str) -> None:
     ds = stream.open_dataset(dataset)
     records = np.memmap(dataset / "00000.tokens", dtype=ds.manifest.record_dtype, mode="r+")

@@ -21,9 +21,9 @@ from zerobatch import stream
     (lambda w: w.add_document([-1]), "tokens must be in"),
     (lambda w: w.add_document([1, 2], spans=[(0, 3, "x")]), r"spans\[0\]"),
     (lambda w: w.add_document([1, 2], spans=[(1, 1, "x")]), r"spans\[0\]"),
-    (lambda w: w.add_document([1, 2, 3], spans=[(0, 2, 1), (1, 3, 2)]), "overlap"),
+    (lambda w: w.add_document([1, 2, 3], spans=[(2, 1, 1)]), r"spans\[0\] = \(2, 1\)"),
+    (lambda w: w.add_document([1, 2, 3], spans=[(0, 3, 1), (-1, 2, 2)]), r"spans\[1\]"),
     (lambda w: w.add_document([1, 2], spans=[(0, 1)]), r"spans\[0\]"),
-    (lambda w: w.add_document([1, 2], metadata=1, spans=[(0, 1, 2)]), "not both"),
     (lambda w: w.add_document([1, 2], fields={"mask": [1]}), r"fields\['mask'\]"),
     (lambda w: w.add_document([1, 2], fields={"mask": [1, 300]}), r"fields\['mask'\]"),
     (lambda w: w.add_document([1, 2], fields={"other": [1, 1]}), "unknown"),
@@ -69,8 +69,8 @@ def test_files_checksummed_and_no_temporaries(tmp_path: Path) -> None:
     names = sorted(os.listdir(path))
     assert not [n for n in names if n.startswith(".")]
     manifest = stream.open_dataset(path).manifest
-    assert len(names) == 1 + 4 * len(manifest.shards)
-    assert all(len(s.files) == 4 for s in manifest.shards)
+    assert len(names) == 1 + 5 * len(manifest.shards)
+    assert all(len(s.files) == 5 for s in manifest.shards)
     assert stream.verify(path) == []
 
 

@@ -18,8 +18,10 @@ __all__ = [
     "BAD_DOCS",
     "BAD_INDEX",
     "BAD_META_ID",
+    "BAD_SPANS",
     "META_ORDER",
     "OK",
+    "annotation_spans",
     "meta_spans",
     "plan_documents",
     "plan_windows",
@@ -32,7 +34,7 @@ __all__ = [
     "window_tokens",
 ]
 
-OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX = 0, 1, 2, 3, 4
+OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX, BAD_SPANS = 0, 1, 2, 3, 4, 5
 _NO_METADATA = np.uint32(2**32 - 1)
 OBS, SHARD, START, LENGTH, DEST = 0, 1, 2, 3, 4
 
@@ -617,3 +619,131 @@ def meta_spans(
             return starts, ends, run_offsets, out, bounds, code, pieces[p, SHARD]
     _spread(run_offsets)
     return starts, ends, run_offsets, out, bounds, code, shard
+
+
+@njit(nogil=True, cache=True)
+def _first_entry_at(table: np.ndarray, lo: int, hi: int, record: int) -> int:
+    """The first row in ``[lo, hi)`` of a ``meta.spans`` table (flat, three
+    per row, sorted by start) whose start is at or after ``record``."""
+    target = np.uint64(record)
+    while lo < hi:
+        middle = (lo + hi) // 2
+        if table[3 * middle] < target:
+            lo = middle + 1
+        else:
+            hi = middle
+    return lo
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _sound_row(table: np.ndarray, e: int, records: int) -> bool:
+    """Whether row ``e`` is a non-empty span inside the shard, of a known kind."""
+    return table[3 * e] < table[3 * e + 1] <= np.uint64(records) and table[3 * e + 2] <= 1
+
+
+@njit(nogil=True, cache=True)
+def _annotation_range(
+    meta_ids: np.ndarray, pieces: np.ndarray, p: int, obs_begin: np.ndarray,
+    obs_len: np.ndarray, entries: np.ndarray, records: np.ndarray, table: np.ndarray,
+) -> tuple[int, int, int]:
+    """The candidate entries ``[lo, hi)`` of piece ``p`` (empty when no token
+    of it is covered) and a code: ``lo`` is the first covered token's id, the
+    smallest of any entry overlapping the piece; ``hi`` the first entry that
+    starts after the piece."""
+    s = pieces[p, SHARD]
+    t, end = _piece_bounds(pieces, p, obs_begin, obs_len)
+    first = t
+    while t < end and meta_ids[t] == _NO_METADATA:
+        t += 1
+    if t == end:
+        return 0, 0, OK
+    lo = int(meta_ids[t])
+    if lo >= entries[s]:
+        return 0, 0, BAD_META_ID
+    a = pieces[p, START]
+    x = np.uint64(a + t - first)  # the covered token, in shard records
+    if not _sound_row(table, lo, records[s]):
+        return 0, 0, BAD_SPANS
+    if not table[3 * lo] <= x < table[3 * lo + 1]:
+        return 0, 0, META_ORDER
+    return lo, _first_entry_at(table, lo, int(entries[s]), a + end - first), OK
+
+
+@njit(nogil=True, cache=True)
+def annotation_spans(
+    meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
+    entries: np.ndarray, records: np.ndarray, index: list, data: list, spans: list, head: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Every entry overlapping each observation, in a version-2 dataset
+    (``meta.spans`` tables in ``spans``, flat ``<u8``, three per entry).
+
+    Per piece, the candidates are one contiguous id range (``_annotation_range``),
+    so one index range and one data range per shard; those that overlap the
+    piece are kept, clipped to it, and their bytes copied.
+    Returns (starts and ends in observation coordinates, kinds, run offsets
+    per observation, the entries' bytes after ``head`` spare bytes, entry
+    bounds in them (runs + 1, from 0), code, shard).
+    """
+    n_pieces = pieces.shape[0]
+    b_count = obs_begin.shape[0]
+    lows = np.zeros(n_pieces, np.int64)
+    highs = np.zeros(n_pieces, np.int64)
+    runs = np.int64(0)
+    size = np.int64(0)
+    for p in range(n_pieces):
+        s = pieces[p, SHARD]
+        table = spans[s]
+        lo, hi, code = _annotation_range(meta_ids, pieces, p, obs_begin, obs_len, entries,
+                                         records, table)
+        if code != OK:
+            return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
+                    np.zeros(b_count + 1, np.int64), np.empty(head, np.uint8),
+                    np.zeros(1, np.int64), code, s)
+        t, end = _piece_bounds(pieces, p, obs_begin, obs_len)
+        a = np.uint64(pieces[p, START])
+        b = np.uint64(pieces[p, START] + end - t)
+        offsets = index[s]
+        limit = np.uint64(data[s].shape[0])
+        for e in range(lo, hi):
+            start, stop = table[3 * e], table[3 * e + 1]
+            if not _sound_row(table, e, records[s]):
+                return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
+                        np.zeros(b_count + 1, np.int64), np.empty(head, np.uint8),
+                        np.zeros(1, np.int64), BAD_SPANS, s)
+            if stop > a and start < b:
+                if not offsets[e] <= offsets[e + 1] <= limit:
+                    return (np.empty(0, np.int64), np.empty(0, np.int64),
+                            np.empty(0, np.int64), np.zeros(b_count + 1, np.int64),
+                            np.empty(head, np.uint8), np.zeros(1, np.int64), BAD_INDEX, s)
+                runs += 1
+                size += np.int64(offsets[e + 1] - offsets[e])
+        lows[p], highs[p] = lo, hi
+    starts = np.empty(runs, np.int64)
+    ends = np.empty(runs, np.int64)
+    kinds = np.empty(runs, np.int64)
+    run_offsets = np.zeros(b_count + 1, np.int64)
+    out = np.empty(head + size, np.uint8)
+    bounds = np.zeros(runs + 1, np.int64)
+    r = 0
+    dest = np.int64(head)
+    for p in range(n_pieces):
+        s, obs = pieces[p, SHARD], pieces[p, OBS]
+        table, offsets, source = spans[s], index[s], data[s]
+        t, end = _piece_bounds(pieces, p, obs_begin, obs_len)
+        a = pieces[p, START]
+        b = a + end - t
+        shift = t - obs_begin[obs] - a  # shard records -> observation coordinates
+        for e in range(lows[p], highs[p]):
+            start, stop = np.int64(table[3 * e]), np.int64(table[3 * e + 1])
+            if stop > a and start < b:
+                starts[r] = max(start, a) + shift
+                ends[r] = min(stop, b) + shift
+                kinds[r] = np.int64(table[3 * e + 2])
+                first, last = np.int64(offsets[e]), np.int64(offsets[e + 1])
+                out[dest : dest + last - first] = source[first:last]
+                dest += last - first
+                r += 1
+                bounds[r] = dest - head
+        run_offsets[obs + 1] = r
+    _spread(run_offsets)
+    return starts, ends, kinds, run_offsets, out, bounds, OK, 0

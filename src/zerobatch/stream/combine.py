@@ -42,6 +42,7 @@ def _same_layout(first: Manifest, other: Manifest, path: str | Path) -> None:
     checks = {
         "record dtype": (first.record_dtype, other.record_dtype),
         "metadata serializer": (first.metadata, other.metadata),
+        "format version": (first.version, other.version),
         "tokenizer": (first.tokenizer, other.tokenizer),
     }
     for what, (a, b) in checks.items():
@@ -59,7 +60,7 @@ def combine(
     Reads through the result equal reads through one writer that was given the
     documents of ``datasets[0]``, then ``datasets[1]``, … (windows do not depend
     on shard boundaries). Every input must have the same record dtype, metadata
-    serializer and tokenizer (``ValueError`` otherwise) and its files the sizes
+    serializer, format version and tokenizer (``ValueError`` otherwise) and its files the sizes
     its manifest gives (``FormatError``). ``output`` must not hold a dataset.
 
     Any of them may be an object-store URL (``storage_options`` apply to all
@@ -93,7 +94,7 @@ def combine(
             out.wait()
             first = manifests[0]
             write_manifest(out, Manifest(first.record_dtype, first.token_field, first.metadata,
-                                         first.tokenizer, tuple(shards)))
+                                         first.tokenizer, tuple(shards), first.version))
             return out.location
         finally:
             out.close()

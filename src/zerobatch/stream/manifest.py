@@ -1,4 +1,4 @@
-"""The token-stream dataset format, version 1: the spec and ``manifest.json``.
+"""The token-stream dataset format, versions 1 and 2: the spec and ``manifest.json``.
 
 A dataset is a folder (or object-store prefix) holding ``manifest.json`` and,
 per shard ``NNNNN`` (five or more decimal digits, numbered from 0):
@@ -17,24 +17,42 @@ per shard ``NNNNN`` (five or more decimal digits, numbered from 0):
     Only when the dataset has span metadata. The index holds ``entries + 1``
     ``<u8`` byte offsets into the data file, non-decreasing, first 0, last the
     data file's size; entry ``k`` is ``data[index[k]:index[k+1]]``, one value
-    serialized by the manifest's serializer. A token's ``meta_id`` is the
-    shard-local entry id ``k`` covering it, or ``NO_METADATA`` (2**32 - 1).
-    Entry ids grow with token position and each entry covers one contiguous
-    run of tokens inside one document.
+    serialized by the manifest's serializer.
+    Version 1: a token's ``meta_id`` is the shard-local entry id ``k`` covering
+    it, or ``NO_METADATA`` (2**32 - 1). Entry ids grow with token position and
+    each entry covers one contiguous run of tokens inside one document.
+    Version 2 (annotations may overlap and nest): see ``NNNNN.meta.spans``.
+``NNNNN.meta.spans``
+    Version 2 only: ``entries`` rows of three ``<u8`` (``SPAN_FIELDS``): the
+    entry's first record, its end record (exclusive), both shard-local, and
+    its kind (``SPAN_KIND`` 0: an annotation given as a span; ``DOCUMENT_KIND``
+    1: a document's own metadata, over the whole document). Each entry covers
+    ``[start, end)``, non-empty, inside one document. Rows are sorted by
+    start, then kind descending (a document's metadata first), then end
+    descending, then the writer's input order. A token's ``meta_id`` is the
+    smallest id of the entries covering it, or ``NO_METADATA`` when none does;
+    so ids never decrease along a shard's covered tokens, and the entries
+    overlapping records ``[a, b)`` all lie in ``[meta_id of the first covered
+    token in [a, b), first entry with start >= b)``: one index range and one
+    data range per shard.
 
 ``manifest.json`` is UTF-8 JSON, at most ``MAX_MANIFEST_BYTES``, written last:
-``format`` (``FORMAT``), ``version`` (``VERSION``), ``record_dtype`` (a NumPy
+``format`` (``FORMAT``), ``version`` (1, or 2 for a dataset with metadata
+written since version 2; ``VERSIONS``), ``record_dtype`` (a NumPy
 descr: a string or a list of ``[name, type]`` pairs), ``token_field`` (null for
 a plain token array), ``metadata`` (null, or ``{"serializer": name}``),
 ``tokenizer`` (null, or ``{"name", "vocab_size", "eos_id", "bos_id"}``, any of
 them null) and ``shards``: a list of ``{"name", "records", "documents",
 "metadata_entries", "files"}`` where ``files`` maps each suffix (``tokens``,
-``docs``, ``meta.index``, ``meta.data``) to ``{"bytes", "xxh3_64"}`` (the
-XXH3-64 digest of the file as 16 lowercase hex digits).
+``docs``, ``meta.index``, ``meta.data``, and in version 2 ``meta.spans``) to
+``{"bytes", "xxh3_64"}`` (the XXH3-64 digest of the file as 16 lowercase hex
+digits).
 
 Readers MUST check file sizes against the manifest before reading and MUST NOT
 trust offsets read from files without range checks. Readers MAY ignore unknown
-manifest keys; writers MUST NOT write a different layout under version 1.
+manifest keys; writers MUST NOT write a different layout under an existing
+version. Readers MUST refuse a version they do not know (a version-1 reader
+refuses version 2, whose ``meta_id`` it would misread).
 """
 
 from __future__ import annotations
@@ -57,6 +75,7 @@ from zerobatch.stream.serializers import BUILTIN
 
 __all__ = [
     "DOCS",
+    "DOCUMENT_KIND",
     "FORMAT",
     "MANIFEST",
     "MAX_MANIFEST_BYTES",
@@ -64,12 +83,17 @@ __all__ = [
     "META_ID",
     "META_ID_DTYPE",
     "META_INDEX",
+    "META_SPANS",
     "NO_METADATA",
     "OFFSET_DTYPE",
+    "SPANS_VERSION",
+    "SPAN_DTYPE",
+    "SPAN_FIELDS",
+    "SPAN_KIND",
     "TOKEN",
     "TOKENS",
     "TOKEN_DTYPES",
-    "VERSION",
+    "VERSIONS",
     "Manifest",
     "Shard",
     "Tokenizer",
@@ -85,10 +109,16 @@ __all__ = [
 ]
 
 FORMAT = "zerobatch.stream"
-VERSION = 1
+VERSIONS = (1, 2)
+SPANS_VERSION = 2
+"""The version of datasets with metadata and a ``meta.spans`` file."""
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 256 << 20
 TOKENS, DOCS, META_INDEX, META_DATA = "tokens", "docs", "meta.index", "meta.data"
+META_SPANS = "meta.spans"
+SPAN_DTYPE = np.dtype("<u8")
+SPAN_FIELDS = 3
+SPAN_KIND, DOCUMENT_KIND = 0, 1
 TOKEN, META_ID = "token", "meta_id"
 OFFSET_DTYPE = np.dtype("<u8")
 META_ID_DTYPE = np.dtype("<u4")
@@ -135,6 +165,12 @@ class Manifest:
     metadata: str | None
     tokenizer: Tokenizer | None
     shards: tuple[Shard, ...]
+    version: int = 1
+
+    @property
+    def has_spans_table(self) -> bool:
+        """Whether shards have a ``meta.spans`` file (version 2)."""
+        return self.version == SPANS_VERSION
 
     @property
     def token_dtype(self) -> np.dtype:
@@ -151,15 +187,14 @@ class Manifest:
 
     def suffixes(self) -> tuple[str, ...]:
         """The file suffixes every shard has."""
-        base = (TOKENS, DOCS)
-        return (*base, META_INDEX, META_DATA) if self.metadata is not None else base
+        return _suffixes(self.metadata is not None, self.version)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object ``manifest.json`` holds."""
         tok = self.tokenizer
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": self.version,
             "record_dtype": np.lib.format.dtype_to_descr(self.record_dtype),
             "token_field": self.token_field,
             "metadata": None if self.metadata is None else {"serializer": self.metadata},
@@ -188,6 +223,14 @@ def record_dtype(
     if metadata:
         parts.append((META_ID, META_ID_DTYPE))
     return np.dtype(parts), TOKEN
+
+
+def _suffixes(metadata: bool, version: int) -> tuple[str, ...]:
+    if not metadata:
+        return (TOKENS, DOCS)
+    if version == SPANS_VERSION:
+        return (TOKENS, DOCS, META_INDEX, META_DATA, META_SPANS)
+    return (TOKENS, DOCS, META_INDEX, META_DATA)
 
 
 def _fail(message: str, path: str | Path, name: str) -> FormatError:
@@ -313,8 +356,10 @@ def parse_manifest(raw: Any, path: str | Path) -> Manifest:
         raise _fail("expected a JSON object", path, "manifest")
     if raw.get("format") != FORMAT:
         raise _fail(f"expected {FORMAT!r}, found {raw.get('format')!r}", path, "format")
-    if raw.get("version") != VERSION:
-        raise _fail(f"expected {VERSION}, found {raw.get('version')!r}", path, "version")
+    version = raw.get("version")
+    if isinstance(version, bool) or version not in VERSIONS:
+        raise _fail(f"expected one of {VERSIONS}, found {version!r}; a newer zerobatch "
+                    "wrote it?", path, "version")
     dtype, token_field = _parse_dtype(raw.get("record_dtype"), path)
     if raw.get("token_field") != token_field:
         raise _fail(f"expected {token_field!r}, found {raw.get('token_field')!r}",
@@ -328,10 +373,13 @@ def parse_manifest(raw: Any, path: str | Path) -> Manifest:
     has_ids = dtype.names is not None and META_ID in dtype.names
     if has_ids != (serializer is not None):
         raise _fail(f"metadata and the {META_ID!r} field must come together", path, "metadata")
+    if version == SPANS_VERSION and serializer is None:
+        raise _fail(f"version {SPANS_VERSION} is only for datasets with metadata", path,
+                    "version")
     shards_raw = raw.get("shards")
     if not isinstance(shards_raw, list):
         raise _fail("expected a list", path, "shards")
-    suffixes = (TOKENS, DOCS) if serializer is None else (TOKENS, DOCS, META_INDEX, META_DATA)
+    suffixes = _suffixes(serializer is not None, version)
     shards = tuple(_parse_shard(s, i, suffixes, path) for i, s in enumerate(shards_raw))
     if len({s.name for s in shards}) != len(shards):
         raise _fail("shard names must be unique", path, "shards")
@@ -340,7 +388,7 @@ def parse_manifest(raw: Any, path: str | Path) -> Manifest:
             raise _fail("must be set exactly when the dataset has metadata", path,
                         f"shards[{i}].metadata_entries")
     return Manifest(dtype, token_field, serializer, _parse_tokenizer(raw.get("tokenizer"), path),
-                    shards)
+                    shards, version)
 
 
 def is_dataset(path: str | os.PathLike[str]) -> bool:
@@ -386,6 +434,8 @@ def expected_sizes(shard: Shard, itemsize: int) -> dict[str, int]:
     sizes = {TOKENS: shard.records * itemsize, DOCS: (shard.documents + 1) * OFFSET_DTYPE.itemsize}
     if shard.metadata_entries is not None:
         sizes[META_INDEX] = (shard.metadata_entries + 1) * OFFSET_DTYPE.itemsize
+        if META_SPANS in shard.files:
+            sizes[META_SPANS] = shard.metadata_entries * SPAN_FIELDS * SPAN_DTYPE.itemsize
     return sizes
 
 

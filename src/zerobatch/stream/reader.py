@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
@@ -34,10 +35,14 @@ from zerobatch.stream import _kernels as k
 from zerobatch.stream._arena import ALIGN, Arena, carve
 from zerobatch.stream.manifest import (
     DOCS,
+    DOCUMENT_KIND,
     META_DATA,
     META_ID,
     META_INDEX,
+    META_SPANS,
     OFFSET_DTYPE,
+    SPAN_DTYPE,
+    SPAN_FIELDS,
     TOKENS,
     Manifest,
     check_sizes,
@@ -102,6 +107,7 @@ class Dataset:
         self._docs: typed.List | None = None
         self._index: typed.List | None = None
         self._data: typed.List | None = None
+        self._span_rows: typed.List | None = None
         self._arena = Arena()
         self._lock = threading.Lock()
         self._closed = False
@@ -141,6 +147,12 @@ class Dataset:
     def has_metadata(self) -> bool:
         """Whether the dataset stores span metadata."""
         return self._manifest.metadata is not None
+
+    @property
+    def has_document_metadata(self) -> bool:
+        """Whether reads can tell a document's own metadata from its spans
+        (version 2): sources then add a ``document_metadata`` column."""
+        return self._manifest.has_spans_table
 
     def __repr__(self) -> str:
         return (f"Dataset({str(self._path)!r}, tokens={self.num_tokens}, "
@@ -255,9 +267,16 @@ class Dataset:
         if code == k.BAD_META_ID:
             raise self._shard_error(shard, TOKENS, META_ID,
                                     "metadata id out of range of the metadata index")
+        if code == k.META_ORDER and self._manifest.has_spans_table:
+            raise self._shard_error(shard, TOKENS, META_ID,
+                                    "a metadata id names an entry that does not cover its token")
         if code == k.META_ORDER:
             raise self._shard_error(shard, TOKENS, META_ID,
                                     "metadata ids must rise by one from span to span")
+        if code == k.BAD_SPANS:
+            raise self._shard_error(shard, META_SPANS, "rows",
+                                    "an entry's span is empty, past the shard's records, or "
+                                    "of an unknown kind")
         raise self._shard_error(shard, META_INDEX, "offsets",
                                 "metadata index goes backwards or past its data file")
 
@@ -279,29 +298,47 @@ class Dataset:
             ), np.dtype(np.uint8), "bytes")
         return self._data
 
-    def _metadata(
-        self, records: np.ndarray, pieces: npt.NDArray[np.int64],
-        obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64],
-    ) -> list[Spans]:
-        """Per observation, the ``(start, end, value)`` of each entry it overlaps.
+    def _span_tables(self) -> typed.List:
+        """Every shard's ``meta.spans`` rows, mapped once, flat (version 2)."""
+        if self._span_rows is None:
+            self._span_rows = self._map_tables(META_SPANS, lambda shard, rows: (
+                None if rows.shape[0] == (shard.metadata_entries or 0) * SPAN_FIELDS
+                else f"expected {(shard.metadata_entries or 0) * SPAN_FIELDS} values"
+            ), SPAN_DTYPE, "rows")
+        return self._span_rows
 
-        One kernel finds the runs and copies their entries' bytes (from the
-        mapped index and data files); see ``_spans``.
+    def _metadata(
+        self, meta_ids: np.ndarray, pieces: npt.NDArray[np.int64],
+        obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64],
+    ) -> tuple[list[Spans], list[Spans] | None]:
+        """Per observation, the ``(start, end, value)`` of each entry it
+        overlaps, and (version 2) of the documents' own metadata among them.
+
+        One kernel finds the entries and copies their bytes (from the mapped
+        index and data files); see ``_spans``.
         """
-        *spans, code, shard = k.meta_spans(
-            records[META_ID], pieces, obs_begin, obs_len, self._entries, self._index_tables(),
-            self._data_maps(), _HEAD,
+        if not self._manifest.has_spans_table:
+            *spans, code, shard = k.meta_spans(
+                meta_ids, pieces, obs_begin, obs_len, self._entries, self._index_tables(),
+                self._data_maps(), _HEAD,
+            )
+            self._check(code, shard)
+            return self._spans(*spans).observations(), None
+        starts, ends, kinds, *rest, code, shard = k.annotation_spans(
+            meta_ids, pieces, obs_begin, obs_len, self._entries, self._records,
+            self._index_tables(), self._data_maps(), self._span_tables(), _HEAD,
         )
         self._check(code, shard)
-        return self._spans(*spans)
+        table = self._spans(starts, ends, *rest)
+        return table.observations(), _documents_table(table, kinds).observations()
 
     def _spans(
         self, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64],
         run_offsets: npt.NDArray[np.int64], data: npt.NDArray[np.uint8],
         bounds: npt.NDArray[np.int64],
-    ) -> list[Spans]:
-        """One ``Spans`` per observation; values are decoded by one call when
-        first asked for (see ``SpanTable``)."""
+    ) -> SpanTable:
+        """The batch's spans; values are decoded by one call when first asked
+        for (see ``SpanTable``)."""
         serializer, path = self._serializer, self._path
 
         def decode() -> list[Any]:
@@ -311,7 +348,17 @@ class Dataset:
                 raise FormatError(f"cannot decode metadata entries ({error})",
                                   path=path, field=META_DATA) from error
 
-        return SpanTable(starts, ends, run_offsets, decode).observations()
+        return SpanTable(starts, ends, run_offsets, decode)
+
+
+def _documents_table(table: SpanTable, kinds: npt.NDArray[np.int64]) -> SpanTable:
+    """The entries of ``table`` whose kind is a document's own metadata, per
+    observation; decoded with ``table``'s values (one decode)."""
+    chosen = kinds == DOCUMENT_KIND
+    counts = np.zeros(chosen.shape[0] + 1, np.int64)
+    np.cumsum(chosen, out=counts[1:])
+    return SpanTable(table.starts[chosen], table.ends[chosen], counts[table.offsets],
+                     lambda: list(compress(table.values, chosen.tolist())))
 
 
 class TokenWindows:
@@ -327,8 +374,13 @@ class TokenWindows:
     int64, the global document id of each segment), each per-token field
     (``[B, seq_len]``, aligned with ``input_ids``, views of the read buffer) and,
     with span metadata, ``metadata``: per window a ``Spans``, the sequence of
-    ``(start, end, value)`` in window coordinates, clipped to the window (its
-    ``starts``/``ends`` are arrays; values decode on first use). Global indexes
+    ``(start, end, value)`` of every entry overlapping the window (spans,
+    which may overlap and nest, and the documents' own metadata, each once,
+    ordered by start), in window coordinates, clipped to the window (its
+    ``starts``/``ends`` are arrays; values decode on first use); and, for
+    datasets written since format version 2, ``document_metadata``: the
+    same for the documents' own metadata alone (one entry per document of
+    the window that has metadata, over its segment of the window). Global indexes
     in the batch meta are the observation indices. Immutable and thread-safe.
 
     ``columns`` (default: all of the above) names the columns to compute, in
@@ -368,6 +420,7 @@ class TokenWindows:
         self._want_positions = "position_ids" in wanted
         self._want_jagged = not wanted.isdisjoint(("cu_seqlens", "doc_ids"))
         self._want_metadata = "metadata" in wanted
+        self._want_documents = "document_metadata" in wanted
         self._token_fields = tuple(name for name in self._fields if name in wanted)
         # Cast token columns, then position_ids, share one dtype: planes of one
         # [k, B, seq_len] array.
@@ -392,6 +445,8 @@ class TokenWindows:
                  "position_ids", "cu_seqlens", "doc_ids", *self._fields]
         if self._ds.has_metadata:
             names.append("metadata")
+        if self._ds.has_document_metadata:
+            names.append("document_metadata")
         return tuple(names)
 
     def _dense_schema(self) -> dict[str, FieldSchema]:
@@ -465,9 +520,9 @@ class TokenWindows:
         if self._want_positions:
             positions = planes[-1]
         jagged: dict[str, Any] = {}
-        metadata = None
+        metadata: dict[str, list[Spans]] = {}
         schema = self._dense
-        if self._want_jagged or self._want_metadata:
+        if self._want_jagged or self._want_metadata or self._want_documents:
             jagged, metadata, schema = self._segment_columns(
                 records, tokens, pieces, inputs, labels, positions
             )
@@ -491,8 +546,7 @@ class TokenWindows:
         out.update(jagged)
         for name in self._token_fields:
             out[name] = records[name][:, :seq_len]
-        if metadata is not None:
-            out["metadata"] = metadata
+        out.update(metadata)
         return Batch._trusted(out, idx, {name: schema[name] for name in out})
 
     def _read_direct(self, local: LocalStorage, idx: npt.NDArray[np.int64]) -> Batch:
@@ -543,27 +597,36 @@ class TokenWindows:
     def _segment_columns(
         self, records: np.ndarray, tokens: np.ndarray, pieces: npt.NDArray[np.int64],
         inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-    ) -> tuple[dict[str, Any], list[Spans] | None, dict[str, FieldSchema]]:
+    ) -> tuple[dict[str, Any], dict[str, list[Spans]], dict[str, FieldSchema]]:
         """Decode ``inputs``, ``labels`` and ``positions`` (each skipped when it
         has no rows) with the document segments and, when asked for, the span
-        metadata; returns the jagged columns asked for, the metadata column (or
-        None) and the batch's schema."""
+        metadata; returns the jagged columns asked for, the metadata columns
+        asked for and the batch's schema."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
         docs = ds._docs_tables()
-        metadata = None
-        if self._want_metadata:
+        metadata: dict[str, list[Spans]] = {}
+        meta_ids = records.reshape(-1)[META_ID] if ds.has_metadata else records
+        if self._want_metadata and not ds.has_document_metadata:
             (cu_off, cu, cu_len, doc_off, doc_ids, doc_len, *spans, code, shard
              ) = k.window_columns_meta(
                 tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
-                records.reshape(-1)[META_ID], ds._entries, ds._index_tables(), ds._data_maps(),
-                _HEAD,
+                meta_ids, ds._entries, ds._index_tables(), ds._data_maps(), _HEAD,
             )
             ds._check(code, shard)
-            metadata = ds._spans(*spans)
+            metadata["metadata"] = ds._spans(*spans).observations()
         else:
             cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
                 tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
             )
+            ds._check(code, shard)
+            if self._want_metadata or self._want_documents:
+                b_count = tokens.shape[0]
+                every, documents = ds._metadata(meta_ids, pieces, np.arange(b_count) * n,
+                                                np.full(b_count, seq_len, np.int64))
+                if self._want_metadata:
+                    metadata["metadata"] = every
+                if self._want_documents and documents is not None:
+                    metadata["document_metadata"] = documents
         ds._check(code, shard)
         columns: dict[str, Any] = {}
         schema = dict(self._dense)
@@ -573,8 +636,8 @@ class TokenWindows:
         if "doc_ids" in self._columns:
             columns["doc_ids"] = Jagged._unchecked(doc_ids, doc_off)
             schema["doc_ids"] = FieldSchema("jagged", doc_ids.dtype, (), doc_len)
-        if metadata is not None:
-            schema["metadata"] = _METADATA_SCHEMA if len(metadata) else _EMPTY_METADATA_SCHEMA
+        for name, column in metadata.items():
+            schema[name] = _METADATA_SCHEMA if len(column) else _EMPTY_METADATA_SCHEMA
         return columns, metadata, schema
 
 
@@ -602,7 +665,9 @@ class Documents:
     per-token fields, ``doc_ids`` (``[B]`` int64) and, with span metadata,
     ``metadata``: per document a ``Spans`` of ``(start, end, value)`` in document
     coordinates (a document's own metadata is ``(0, len, value)``), clipped to
-    ``max_len``. ``dtype`` is as for ``TokenWindows``. Immutable and thread-safe.
+    ``max_len``, and (format version 2) ``document_metadata``: the document's
+    own metadata alone (``[(0, len, value)]``, or empty). ``dtype`` is as for
+    ``TokenWindows``. Immutable and thread-safe.
     """
 
     def __init__(
@@ -656,7 +721,11 @@ class Documents:
         for name in ds.manifest.fields:
             columns[name] = Jagged(records[name], offsets)
         if ds.has_metadata:
-            columns["metadata"] = ds._metadata(records, pieces, offsets[:-1], np.diff(offsets))
+            spans, documents = ds._metadata(records[META_ID], pieces, offsets[:-1],
+                                            np.diff(offsets))
+            columns["metadata"] = spans
+            if documents is not None:
+                columns["document_metadata"] = documents
         return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(len(idx))))
 
 

@@ -22,8 +22,11 @@ from zerobatch.stream.manifest import (
     META_DATA,
     META_ID,
     META_INDEX,
+    META_SPANS,
     NO_METADATA,
     OFFSET_DTYPE,
+    SPAN_DTYPE,
+    SPAN_FIELDS,
     TOKENS,
     Manifest,
     Shard,
@@ -103,6 +106,48 @@ def _meta_ids(records: np.ndarray, docs: np.ndarray, entries: int) -> str | None
     return None
 
 
+def _span_rows(rows: np.ndarray, docs: np.ndarray) -> str | None:
+    """What is wrong with a shard's ``meta.spans`` rows (``[entries, 3]``), or None:
+    each non-empty, inside one document, of a known kind, in stored order."""
+    start, end, kind = (rows[:, i].astype(np.int64) for i in range(SPAN_FIELDS))
+    if rows.shape[0] == 0:
+        return None
+    if (start >= end).any() or (end > int(docs[-1])).any() or (kind > 1).any():
+        return "an entry is empty, past the shard's records, or of an unknown kind"
+    doc = np.searchsorted(docs.astype(np.int64), start, side="right") - 1
+    if (end > docs[doc + 1].astype(np.int64)).any():
+        return "an entry crosses a document boundary"
+    key = np.lexsort((-end, -kind, start))
+    same = (start[key] == start) & (kind[key] == kind) & (end[key] == end)
+    if not same.all():
+        return "entries must be sorted by start, then kind and end descending"
+    return None
+
+
+def _covering_ids(records: np.ndarray, rows: np.ndarray) -> str | None:
+    """What is wrong with a shard's ``meta_id`` column in version 2, or None:
+    each token must hold the smallest id of the entries covering it."""
+    ids = records[META_ID]
+    start, end = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64)
+    reach = np.maximum.accumulate(np.concatenate([[0], end]))[:-1]
+    own = end > reach  # entries that are the smallest covering somewhere
+    lows = np.maximum(start, reach)[own]
+    highs, numbers = end[own], np.flatnonzero(own)
+    for begin in range(0, ids.shape[0], _CHUNK):
+        chunk = np.asarray(ids[begin : begin + _CHUNK]).astype(np.int64)
+        expected = np.full(chunk.shape[0], NO_METADATA, np.int64)
+        if lows.size:
+            at = np.arange(begin, begin + chunk.shape[0])
+            k = np.searchsorted(lows, at, side="right") - 1
+            hit = (k >= 0) & (at < highs[k])  # k = -1 picks the last row: masked out
+            expected[hit] = numbers[k[hit]]
+        wrong = np.flatnonzero(chunk != expected)
+        if wrong.size:
+            return (f"token {begin + int(wrong[0])} holds {int(chunk[wrong[0]])}, the smallest "
+                    f"entry covering it is {int(expected[wrong[0]])} (none: {NO_METADATA})")
+    return None
+
+
 def _check_entries(folder: Path, shard: Shard, serializer: Any) -> str | None:
     index = np.fromfile(folder / shard.file(META_INDEX), dtype=OFFSET_DTYPE).tolist()
     path = folder / shard.file(META_DATA)
@@ -144,7 +189,15 @@ def _check_shard(folder: Path, manifest: Manifest, i: int, serializer: Any) -> l
         note(META_INDEX, "offsets",
              _offsets(folder / shard.file(META_INDEX), 0, size, strict=False))
         sound = not any(p.field == "offsets" for p in problems)
-        if sound:
+        if sound and manifest.has_spans_table:
+            docs = np.fromfile(folder / shard.file(DOCS), dtype=OFFSET_DTYPE)
+            rows = np.fromfile(folder / shard.file(META_SPANS), dtype=SPAN_DTYPE)
+            rows = rows.reshape(-1, SPAN_FIELDS)
+            problem = _span_rows(rows, docs)
+            note(META_SPANS, "rows", problem)
+            if problem is None:
+                note(TOKENS, META_ID, _covering_ids(records, rows))
+        elif sound:
             docs = np.fromfile(folder / shard.file(DOCS), dtype=OFFSET_DTYPE)
             note(TOKENS, META_ID, _meta_ids(records, docs, shard.metadata_entries))
         if sound and serializer is not None:
@@ -222,7 +275,7 @@ def describe(
     shards = manifest.shards
     tok = manifest.tokenizer
     rows = [
-        ("format", "token-stream dataset, version 1"),
+        ("format", f"token-stream dataset, version {manifest.version}"),
         ("record dtype", str(manifest.record_dtype)),
         ("token dtype", manifest.token_dtype.str),
         ("fields", ", ".join(manifest.fields) or "-"),

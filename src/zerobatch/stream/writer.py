@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -16,12 +15,18 @@ import numpy as np
 from zerobatch.storage.publish import Publisher, publisher
 from zerobatch.stream.manifest import (
     DOCS,
+    DOCUMENT_KIND,
     MANIFEST,
     META_DATA,
     META_ID,
     META_INDEX,
+    META_SPANS,
     NO_METADATA,
     OFFSET_DTYPE,
+    SPAN_DTYPE,
+    SPAN_FIELDS,
+    SPAN_KIND,
+    SPANS_VERSION,
     TOKEN,
     TOKEN_DTYPES,
     TOKENS,
@@ -37,7 +42,7 @@ from zerobatch.stream.serializers import get_serializer, serializer_name
 __all__ = ["DEFAULT_SHARD_TOKENS", "StreamWriter"]
 
 _LEFTOVER = re.compile(
-    r"^\.?\d{5,}\.(tokens|docs|meta\.index|meta\.data)(\.\d+\.[0-9a-f]+\.tmp)?$"
+    r"^\.?\d{5,}\.(tokens|docs|meta\.index|meta\.data|meta\.spans)(\.\d+\.[0-9a-f]+\.tmp)?$"
     r"|^\.manifest\.json\.\d+\.[0-9a-f]+\.tmp$"
 )
 
@@ -52,6 +57,7 @@ class _ShardBuilder:
         self.name = shard_name(number)
         self.tokens = out.file(f"{self.name}.{TOKENS}")
         self.meta = out.file(f"{self.name}.{META_DATA}") if metadata else None
+        self.spans = out.file(f"{self.name}.{META_SPANS}") if metadata else None
         self.pending: list[np.ndarray] = []
         self.pending_bytes = 0
         self.records = 0
@@ -66,11 +72,17 @@ class _ShardBuilder:
         if self.pending_bytes >= _FLUSH_BYTES:
             self.flush()
 
-    def add_entries(self, blobs: list[bytes]) -> None:
-        assert self.meta is not None
+    def add_entries(self, rows: np.ndarray, blobs: list[bytes]) -> None:
+        """Append entries: ``rows`` (``[k, SPAN_FIELDS]``, document coordinates)
+        and their serialized values; call before ``add`` of their document."""
+        assert self.meta is not None and self.spans is not None
         for blob in blobs:
             self.meta.write(blob)
             self.meta_offsets.append(self.meta.size)
+        if rows.shape[0]:
+            shifted = rows.astype(SPAN_DTYPE)
+            shifted[:, :2] += self.records
+            self.spans.write(shifted)
 
     def flush(self) -> None:
         if self.pending:
@@ -84,18 +96,20 @@ class _ShardBuilder:
         docs.write(np.asarray(self.doc_offsets, dtype=OFFSET_DTYPE))
         files[DOCS] = docs.commit()
         entries = None
-        if self.meta is not None:
+        if self.meta is not None and self.spans is not None:
             index = out.file(f"{self.name}.{META_INDEX}")
             index.write(np.asarray(self.meta_offsets, dtype=OFFSET_DTYPE))
             files[META_INDEX] = index.commit()
             files[META_DATA] = self.meta.commit()
+            files[META_SPANS] = self.spans.commit()
             entries = len(self.meta_offsets) - 1
         return Shard(self.name, self.records, len(self.doc_offsets) - 1, entries, files)
 
     def abort(self) -> None:
         self.tokens.abort()
-        if self.meta is not None:
+        if self.meta is not None and self.spans is not None:
             self.meta.abort()
+            self.spans.abort()
 
 
 def _check_fields(fields: Mapping[str, Any] | None) -> dict[str, np.dtype]:
@@ -117,6 +131,23 @@ def _check_tokenizer(tokenizer: Tokenizer | Mapping[str, Any] | None) -> Tokeniz
     if unknown:
         raise ValueError(f"tokenizer: unknown keys {sorted(unknown)}")
     return Tokenizer(**tokenizer)
+
+
+def _meta_ids(rows: np.ndarray, n: int, first: int) -> np.ndarray:
+    """Each token's ``meta_id``: the smallest id of the entries (``rows`` in
+    stored order, ids from ``first``) covering it, or ``NO_METADATA``.
+
+    Entries sorted by start: entry ``k`` is the smallest covering the tokens
+    from ``max(start_k, the furthest end of entries before k)`` to its end.
+    O(tokens + entries).
+    """
+    ids = np.full(n, NO_METADATA, dtype=np.uint32)
+    reach = 0
+    for k, (start, end) in enumerate(rows[:, :2].tolist()):
+        if end > reach:
+            ids[max(start, reach):end] = first + k
+            reach = end
+    return ids
 
 
 class StreamWriter:
@@ -228,10 +259,11 @@ class StreamWriter:
     ) -> int:
         """Append one document; returns its global id (0, 1, …).
 
-        ``metadata`` covers the whole document; ``spans`` are ``(start, end,
-        value)`` in the document's token coordinates, ``0 <= start < end <=
-        len(tokens)``, not overlapping (one or the other). ``fields`` maps field
-        names to per-token arrays; omitted fields are zero.
+        ``metadata`` is the document's own metadata (None: none); ``spans`` are
+        any number of annotations ``(start, end, value)`` in the document's
+        token coordinates, ``0 <= start < end <= len(tokens)``, which may
+        overlap and nest. Both may be given. ``fields`` maps field names to
+        per-token arrays; omitted fields are zero.
         """
         if self._closed:
             raise ValueError("the writer is closed")
@@ -244,15 +276,11 @@ class StreamWriter:
             records[TOKEN] = ids
         for name, values in self._check_doc_fields(fields, n).items():
             records[name] = values
-        entries = self._check_metadata(metadata, spans, n)
-        builder = self._builder_for(n, len(entries))
+        rows, values = self._check_metadata(metadata, spans, n)
+        builder = self._builder_for(n, len(values))
         if self._serializer is not None:
-            first = len(builder.meta_offsets) - 1
-            meta_ids = np.full(n, NO_METADATA, dtype=np.uint32)
-            for k, (start, end, _) in enumerate(entries):
-                meta_ids[start:end] = first + k
-            records[META_ID] = meta_ids
-            builder.add_entries([self._serializer.dumps(v) for _, _, v in entries])
+            records[META_ID] = _meta_ids(rows, n, len(builder.meta_offsets) - 1)
+            builder.add_entries(rows, [self._serializer.dumps(v) for v in values])
         builder.add(records)
         self._documents += 1
         return self._documents - 1
@@ -289,17 +317,16 @@ class StreamWriter:
 
     def _check_metadata(
         self, metadata: Any, spans: Sequence[tuple[int, int, Any]] | None, n: int
-    ) -> list[tuple[int, int, Any]]:
+    ) -> tuple[np.ndarray, list[Any]]:
+        """The document's entries in stored order: rows ``[k, SPAN_FIELDS]``
+        (start, end, kind) and their values."""
         if self._serializer is None:
             if metadata is not None or spans:
                 raise ValueError("metadata/spans need a writer opened with metadata=...")
-            return []
-        if metadata is not None and spans is not None:
-            raise ValueError("pass metadata= or spans=, not both; put document-level "
-                             "facts into each span's value")
+            return np.zeros((0, SPAN_FIELDS), np.int64), []
+        given: list[tuple[int, int, int, Any]] = []
         if metadata is not None:
-            return [(0, n, metadata)]
-        checked: list[tuple[int, int, Any]] = []
+            given.append((0, n, DOCUMENT_KIND, metadata))
         for i, span in enumerate(spans or ()):
             try:
                 start, end, value = span
@@ -310,12 +337,10 @@ class StreamWriter:
             if not 0 <= start < end <= n:
                 raise ValueError(f"spans[{i}] = ({start}, {end}) must satisfy "
                                  f"0 <= start < end <= {n} (the document's length)")
-            checked.append((int(start), int(end), value))
-        checked.sort(key=lambda s: s[0])
-        for a, b in itertools.pairwise(checked):
-            if b[0] < a[1]:
-                raise ValueError(f"spans ({a[0]}, {a[1]}) and ({b[0]}, {b[1]}) overlap")
-        return checked
+            given.append((int(start), int(end), SPAN_KIND, value))
+        given.sort(key=lambda e: (e[0], -e[2], -e[1]))  # stable: ties keep input order
+        rows = np.array([e[:3] for e in given], dtype=np.int64).reshape(-1, SPAN_FIELDS)
+        return rows, [e[3] for e in given]
 
     def _builder_for(self, n: int, entries: int) -> _ShardBuilder:
         current = self._current
@@ -342,7 +367,8 @@ class StreamWriter:
         try:
             self._out.wait()  # every shard is published before the manifest names it
             write_manifest(self._out, Manifest(
-                self._dtype, self._token_field, name, self._tokenizer, tuple(self._shards)
+                self._dtype, self._token_field, name, self._tokenizer, tuple(self._shards),
+                1 if name is None else SPANS_VERSION,
             ))
         finally:
             self._out.close()
