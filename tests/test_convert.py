@@ -132,19 +132,18 @@ def test_nested_spans_and_document_metadata(tmp_path: Path) -> None:
     _jsonl(tmp_path / "a.jsonl", [{"text": text, "path": "a.py", "spans": spans}])
     convert(tmp_path / "a.jsonl", tmp_path / "out", tokenizer="bytes", spans_field="spans",
             metadata_fields=["path"], workers=1, quiet=True)
-    _, meta = _documents(tmp_path / "out")
     n = len(text)
-    assert meta == [[
-        (0, f_start, {"spans": ["A"], "path": "a.py"}),
-        (f_start, f_start + 3, {"spans": ["A", "A.f", "kw"], "path": "a.py"}),
-        (f_start + 3, n, {"spans": ["A", "A.f"], "path": "a.py"}),
-        (n, n + 1, {"path": "a.py"}),  # the EOS token: the document's metadata alone
-    ]]
+    path = {"path": "a.py"}
     with open_dataset(tmp_path / "out") as ds:
-        window = ds.windows(8).read([1])["metadata"][0].tolist()
-    assert window == [(0, 3, {"spans": ["A"], "path": "a.py"}),  # tokens 8..16, "def" at 11
-                      (3, 6, {"spans": ["A", "A.f", "kw"], "path": "a.py"}),
-                      (6, 8, {"spans": ["A", "A.f"], "path": "a.py"})]
+        document = ds.documents().read([0])
+        window = ds.windows(8).read([1])  # tokens 8..16, "def" at 11
+    assert document["metadata"][0] == [
+        (0, n + 1, path), (0, n, "A"),  # the document's own metadata covers the EOS token too
+        (f_start, n, "A.f"), (f_start, f_start + 3, "kw"),
+    ]
+    assert document["document_metadata"][0] == [(0, n + 1, path)]
+    assert window["metadata"][0] == [(0, 8, path), (0, 8, "A"), (3, 8, "A.f"), (3, 6, "kw")]
+    assert window["document_metadata"][0] == [(0, 8, path)]
 
 
 @st.composite

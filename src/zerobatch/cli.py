@@ -104,9 +104,12 @@ def _build_parser() -> argparse.ArgumentParser:
         commands, "convert", "tokenize JSONL, Parquet, Arrow or text files into a dataset",
         "zerobatch convert 'corpus/*.jsonl.gz' -o data --tokenizer tokenizer.json "
         "--metadata-field url --workers 8")
-    convert.add_argument("inputs", nargs="+", help="files, globs or folders")
-    convert.add_argument("-o", "--output", required=True, type=Path,
-                         help="the dataset folder (or .batch file with --format batch)")
+    convert.add_argument("inputs", nargs="+", help="files, globs or folders; or s3:// gs:// "
+                         "az:// objects, prefixes or globs (credentials from the cloud's "
+                         "environment variables)")
+    convert.add_argument("-o", "--output", required=True,
+                         help="the dataset folder or prefix URL (or a local .batch file with "
+                         "--format batch)")
     convert.add_argument("--tokenizer", required=True,
                          help="a tokenizers JSON file, a folder holding tokenizer.json, "
                               "or 'bytes'")

@@ -268,16 +268,17 @@ def _show_window(dataset: Path, tokenizer: Path, seq_len: int) -> None:
         windows = ds.windows(seq_len)
         for index in range(len(windows) // 3, len(windows)):
             batch = windows.read([index])
-            spans = batch["metadata"][0]
-            names = [s for s in spans if s[2].get("spans")]
-            if len(names) >= 2:
+            documents = batch["document_metadata"][0]
+            spans = [span for span in batch["metadata"][0] if span not in documents]
+            if len(spans) >= 2:
                 break
         ids = batch["input_ids"][0]
         print(f"window {index} ({seq_len} tokens) and the code spans it contains:")
-        for start, end, value in spans:
+        for start, end, value in documents:
+            print(f"  tokens [{start:3d}, {end:3d})  file {value['path']}")
+        for start, end, name in spans:
             text = tok.decode([int(i) for i in ids[start:end]])
-            where = " > ".join(value.get("spans", [])) or "(module level)"
-            print(f"  tokens [{start:3d}, {end:3d})  {value['path']}: {where}")
+            print(f"  tokens [{start:3d}, {end:3d})  {name}")
             for line in text.splitlines()[:3]:
                 print(f"      | {line}")
 

@@ -3,7 +3,10 @@
 The inputs are cut into tasks (``inputs.plan_tasks``); each task writes its
 own small dataset under a work folder beside the output (``.NAME.convert``);
 one ``combine`` joins them in task order without re-encoding, and the work
-folder is removed. The task plan and options are saved first: a convert that
+folder is removed. Inputs and the output may be object-store URLs: tasks read
+their bytes by range GETs and write locally (the work folder of a URL output
+is under the system's temporary folder), and ``combine`` uploads the shards
+and publishes the manifest last. The task plan and options are saved first: a convert that
 was killed and is run again with the same arguments skips the finished tasks.
 The output appears only when complete (its manifest is written last).
 """
@@ -16,17 +19,20 @@ import multiprocessing
 import os
 import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from zerobatch.convert.encoders import EncoderSpec, resolve_tokenizer
 from zerobatch.convert.inputs import Task, expand_inputs, plan_tasks
 from zerobatch.convert.tasks import Job, TaskStats, run_task
+from zerobatch.storage import is_url, open_storage
 from zerobatch.stream.combine import combine
 from zerobatch.stream.manifest import MANIFEST, TOKEN, TOKENS, read_manifest, shard_name
 from zerobatch.stream.writer import DEFAULT_SHARD_TOKENS
@@ -42,7 +48,7 @@ _CHUNK_RECORDS = 1 << 22
 class ConvertResult:
     """What ``convert`` wrote: counts, and seconds of wall time."""
 
-    path: Path
+    path: Path | str
     documents: int
     tokens: int
     input_bytes: int
@@ -62,8 +68,12 @@ class ConvertResult:
                 f"{self.tasks} tasks, {self.tasks_resumed} already done")
 
 
-def work_folder(output: Path) -> Path:
-    """The folder where tasks of a convert into ``output`` are written."""
+def work_folder(output: Path | str) -> Path:
+    """The folder where tasks of a convert into ``output`` are written: beside
+    a local output; for a URL, one named after it in the temporary folder."""
+    if isinstance(output, str):
+        digest = xxhash.xxh3_64_hexdigest(output.encode())
+        return Path(tempfile.gettempdir()) / "zerobatch-convert" / f".{digest}.convert"
     return output.parent / f".{output.name}.convert"
 
 
@@ -81,9 +91,12 @@ def _check_plan(work: Path, plan: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _default_executor(workers: int) -> cf.Executor:
-    # fork is fastest; worker processes never inherit object-store clients here.
-    method = "fork" if sys.platform.startswith("linux") else "spawn"
+def _default_executor(workers: int, remote: bool) -> cf.Executor:
+    # fork is fastest, but obstore is not fork-safe: once this process used a
+    # store (``remote``), workers start from a fork server.
+    method = "fork" if sys.platform.startswith("linux") and not remote else "forkserver"
+    if not sys.platform.startswith("linux"):
+        method = "spawn"
     return cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method))
 
 
@@ -115,12 +128,12 @@ class _Progress:
 
 
 def _run(jobs: list[Job], workers: int, executor: cf.Executor | None,
-         progress: _Progress) -> None:
+         progress: _Progress, remote: bool) -> None:
     if executor is None and workers <= 1:
         for job in jobs:
             progress.update(run_task(job))
         return
-    pool = _default_executor(workers) if executor is None else executor
+    pool = _default_executor(workers, remote) if executor is None else executor
     try:
         futures = [pool.submit(run_task, job) for job in jobs]
         try:
@@ -135,13 +148,35 @@ def _run(jobs: list[Job], workers: int, executor: cf.Executor | None,
             pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _clear_partial(output: Path) -> None:
+def _is_shard_file(name: str) -> bool:
+    stem = name.lstrip(".").split(".")[0]
+    return stem.isdigit() and len(stem) >= len(shard_name(0))
+
+
+def _clear_partial(output: Path | str, options: Mapping[str, Any]) -> None:
     """Remove shard files a combine killed midway left in ``output`` (no manifest)."""
-    if output.is_dir():
+    if isinstance(output, str):
+        storage = open_storage(output, **options)
+        try:
+            for name in storage.names():
+                if _is_shard_file(name):
+                    storage.remove(name)
+        finally:
+            storage.close()
+    elif output.is_dir():
         for path in output.iterdir():
-            stem = path.name.lstrip(".").split(".")[0]
-            if stem.isdigit() and len(stem) >= len(shard_name(0)):
+            if _is_shard_file(path.name):
                 path.unlink()
+
+
+def _has_manifest(output: Path | str, options: Mapping[str, Any]) -> bool:
+    if isinstance(output, Path):
+        return (output / MANIFEST).exists()
+    storage = open_storage(output, **options)
+    try:
+        return MANIFEST in storage.names()
+    finally:
+        storage.close()
 
 
 def _write_batch(stream: Path, output: Path, seq_len: int, batch_size: int, seed: int) -> None:
@@ -188,6 +223,7 @@ def convert(
     task_bytes: int = DEFAULT_TASK_BYTES,
     shard_tokens: int = DEFAULT_SHARD_TOKENS,
     quiet: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> ConvertResult:
     """Tokenize ``inputs`` into a dataset at ``output``.
 
@@ -195,10 +231,12 @@ def convert(
         inputs: a file, glob, folder, ``datasets.Dataset`` or a list of these:
             JSONL (plain, ``.gz``, ``.zst``; one object per line), Parquet (read
             one row group at a time), Arrow files (``save_to_disk`` folders),
-            text files (one document each; their ``path`` is a field too).
-        output: the dataset folder (``format="stream"``) or ``.batch`` file
-            (``format="batch"``, LLMBATCH with ``seq_len``, ``batch_size`` and
-            ``seed``). Must not exist yet.
+            text files (one document each; their ``path`` is a field too); any
+            as an object-store URL: an object, a prefix or a glob (see
+            ``zerobatch.convert.inputs``).
+        output: the dataset folder or prefix URL (``format="stream"``) or a
+            local ``.batch`` file (``format="batch"``, LLMBATCH with
+            ``seq_len``, ``batch_size`` and ``seed``). Must not exist yet.
         tokenizer: ``"bytes"`` (ids 0..255, EOS 256), a ``tokenizers`` JSON
             file, a folder holding ``tokenizer.json``, or a
             ``tokenizers.Tokenizer``. Its name, vocabulary size and EOS id go
@@ -217,6 +255,8 @@ def convert(
         task_bytes: input bytes per task (the unit of parallel work and resume).
         shard_tokens: tokens per shard, at most.
         quiet: no progress bar.
+        storage_options: for URL inputs and output, obstore's options (see
+            ``zerobatch.storage.open_storage``); passed to the workers.
 
     The dataset is byte-identical for any ``workers`` and executor. Raises
     ``FormatError`` naming the file and line (or row group) of bad input.
@@ -226,18 +266,20 @@ def convert(
         raise ValueError(f"format must be 'stream' or 'batch', got {format!r}")
     if format == "batch" and (seq_len is None or batch_size is None):
         raise ValueError("format='batch' needs seq_len and batch_size")
-    out = Path(output)
-    if (out / MANIFEST).exists() or (format == "batch" and out.exists()):
+    options = dict(storage_options or {})
+    out: Path | str = str(output).rstrip("/") if is_url(output) else Path(output)
+    if isinstance(out, str) and format == "batch":
+        raise ValueError("format='batch' writes a local .batch file; pass a local output "
+                         "(a URL output needs format='stream')")
+    if _has_manifest(out, options) or (format == "batch" and Path(out).exists()):
         raise FileExistsError(f"{out} already exists; choose another output or remove it")
     work = work_folder(out)
     work.mkdir(parents=True, exist_ok=True)
-    files = expand_inputs(inputs)
-    tasks: list[Task] = plan_tasks(files, task_bytes)
+    files = expand_inputs(inputs, options)
+    remote = isinstance(out, str) or any(is_url(f.location) for f in files)
+    tasks: list[Task] = plan_tasks(files, task_bytes, options)
     encoder: EncoderSpec = resolve_tokenizer(tokenizer, work, eos=eos)
     fields = tuple(metadata_fields)
-    if spans_field is not None and "spans" in fields:
-        raise ValueError("metadata_fields cannot hold 'spans' when spans_field is set "
-                         "(span pieces store their values under 'spans')")
     _check_plan(work, {
         "tasks": [t.to_json() for t in tasks], "encoder": asdict(encoder),
         "text_field": text_field, "metadata_fields": list(fields), "spans_field": spans_field,
@@ -246,21 +288,21 @@ def convert(
     folders = [work / f"task-{i:06d}" for i in range(len(tasks))]
     resumed = sum(1 for f in folders if f.is_dir())
     jobs = [Job(t, str(f), encoder, text_field, fields, spans_field, append_eos, skip_bad,
-                shard_tokens) for t, f in zip(tasks, folders, strict=True)]
-    progress = _Progress(sum(os.path.getsize(p) for p in files), quiet)
+                shard_tokens, options) for t, f in zip(tasks, folders, strict=True)]
+    progress = _Progress(sum(f.size for f in files), quiet)
     try:
-        _run(jobs, workers or os.cpu_count() or 1, executor, progress)
+        _run(jobs, workers or os.cpu_count() or 1, executor, progress, remote)
     finally:
         progress.close()
     if format == "stream":
-        _clear_partial(out)
-        combine(folders, out)
+        _clear_partial(out, options)
+        combine(folders, out, storage_options=options)
     else:
         stream = work / "stream"
         shutil.rmtree(stream, ignore_errors=True)
         combine(folders, stream)
         assert seq_len is not None and batch_size is not None
-        _write_batch(stream, out, seq_len, batch_size, seed)
+        _write_batch(stream, Path(out), seq_len, batch_size, seed)
     shutil.rmtree(work, ignore_errors=True)
     s = progress.stats
     result = ConvertResult(out, s.documents, s.tokens, s.input_bytes, s.skipped_bad,

@@ -4,22 +4,20 @@ token-stream dataset of its own. Runs in a worker process (or a Dask worker).
 The task writes into a temporary folder and renames it when complete, so a
 task folder that exists is finished; a rerun skips it.
 
-Span metadata. With ``spans_field``, each document's character annotations
-``{start, end, value}`` are mapped to the tokens whose offset ranges overlap
-them. Annotations may overlap and nest; the document is cut at every
-annotation edge, and each piece covered by at least one annotation stores
-``{"spans": [values, outermost first], **document metadata}``. Pieces covered
-by none store the document metadata alone (nothing if there is none).
+Metadata. ``metadata_fields`` become the document's own metadata, the map
+``{field: value}``. With ``spans_field``, each document's character
+annotations ``{start, end, value}`` are mapped to the tokens whose offset
+ranges overlap them and stored as the writer's spans, overlapping and nested
+as given, each with its own value.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +49,7 @@ class Job:
     append_eos: bool
     skip_bad: bool
     shard_tokens: int
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -87,23 +86,6 @@ def map_spans(
         if hit.size:
             out.append((int(hit[0]), int(hit[-1]) + 1, value))
     return out
-
-
-def _pieces(
-    spans: list[tuple[int, int, Any]], doc_meta: dict[str, Any] | None, n: int
-) -> list[tuple[int, int, Any]]:
-    """Non-overlapping ``(start, end, value)`` pieces for the writer (see the
-    module docstring)."""
-    ordered = sorted(spans, key=lambda s: (s[0], -s[1]))
-    edges = sorted({0, n, *(s for s, _, _ in ordered), *(e for _, e, _ in ordered)})
-    pieces = []
-    for a, b in itertools.pairwise(edges):
-        active = [v for s, e, v in ordered if s <= a and e >= b]
-        if active:
-            pieces.append((a, b, {"spans": active, **(doc_meta or {})}))
-        elif doc_meta is not None:
-            pieces.append((a, b, dict(doc_meta)))
-    return pieces
 
 
 def _check_spans(raw: Any, length: int) -> list[tuple[int, int, Any]]:
@@ -161,7 +143,7 @@ def _batches(records: Iterator[Record], job: Job, stats: TaskStats) -> Iterator[
                 continue
             raise FormatError(f"{error}; fix it, or pass skip_bad=True (--skip-bad) to count "
                               "and skip such records", path=record.path,
-                              field=record.location() or None) from None
+                              field=record.location(job.storage_options) or None) from None
         if not doc.text:
             stats.skipped_empty += 1
             continue
@@ -180,11 +162,8 @@ def _write(writer: StreamWriter, doc: _Doc, encoded: Encoded, eos: int | None) -
         ids = np.append(ids, eos)
     if ids.shape[0] == 0:
         return 0
-    if doc.spans is not None:
-        pieces = _pieces(map_spans(doc.spans, encoded), doc.metadata, ids.shape[0])
-        writer.add_document(ids, spans=pieces)
-    else:
-        writer.add_document(ids, metadata=doc.metadata)
+    spans = map_spans(doc.spans, encoded) if doc.spans else None
+    writer.add_document(ids, metadata=doc.metadata, spans=spans)
     return int(ids.shape[0])
 
 
@@ -209,7 +188,8 @@ def run_task(job: Job) -> TaskStats:
         with StreamWriter(tmp, token_dtype=token_dtype(facts.vocab_size),
                           metadata="msgpack" if meta else None,
                           shard_tokens=job.shard_tokens, tokenizer=facts) as writer:
-            for batch in _batches(read_records(job.task, job.text_field), job, stats):
+            records = read_records(job.task, job.text_field, job.storage_options)
+            for batch in _batches(records, job, stats):
                 encoded = encoder.encode([doc.text for doc in batch],
                                          offsets=job.spans_field is not None)
                 for doc, enc in zip(batch, encoded, strict=True):

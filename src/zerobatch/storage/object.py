@@ -379,6 +379,21 @@ class ObjectStorage:
         self._listed = None
         return sorted(self._list())
 
+    def walk(self) -> dict[str, int]:
+        """Every object under the prefix, at any depth: relative name -> size in
+        bytes (a fresh recursive LIST, done now)."""
+        prefix = f"{self._prefix}/" if self._prefix else None
+
+        async def listing() -> list[Any]:
+            found: list[Any] = []
+            async for chunk in self._obstore.list(self._store, prefix, chunk_size=1000):
+                found.extend(chunk)
+            return found
+
+        objects = self._run(listing, "", "listing")
+        start = len(prefix or "")
+        return {meta["path"][start:]: int(meta["size"]) for meta in objects}
+
     def remove(self, name: str) -> None:
         """Delete ``name`` (no error if absent)."""
         with contextlib.suppress(FileNotFoundError):
