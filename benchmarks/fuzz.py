@@ -37,10 +37,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import faulthandler
 import hashlib
+import http.client
 import io
 import json
+import multiprocessing
 import os
 import random
 import resource
@@ -51,6 +54,7 @@ import struct
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -82,6 +86,10 @@ class Target:
     warm: Callable[[], list[Files]] = list
     """More valid inputs the parent reads before forking (beside the seeds), so
     children share what their first read compiles or imports."""
+    remote: Callable[[Path, Files], None] | None = None
+    """For a reader of object storage, the local reader of the same format: the
+    parent warms up with it (obstore is not fork-safe once used), and the target
+    runs in a spawned process whose forked children are the first to use S3."""
 
 
 TARGETS: dict[str, Target] = {}
@@ -146,12 +154,18 @@ def _stream_warm() -> list[Files]:
 
 
 def _read_stream(folder: Path, files: Files) -> None:
+    _read_stream_at(folder, files)
+
+
+def _read_stream_at(
+    location: Path | str, files: Files, options: dict[str, Any] | None = None
+) -> None:
     from zerobatch import stream
 
     manifest = files.get("manifest.json", b"")
     metadata = "numpy" if b'"numpy"' in manifest else None
     try:
-        with stream.open_dataset(folder, metadata=metadata) as ds:
+        with stream.open_dataset(location, metadata=metadata, storage_options=options) as ds:
             windows = ds.windows(4)
             for batch in (windows.read(np.arange(len(windows))),
                           ds.documents().read(np.arange(ds.num_documents))):
@@ -159,10 +173,73 @@ def _read_stream(folder: Path, files: Files) -> None:
                     for spans in batch["metadata"]:
                         list(spans)
     except FormatError as error:
-        if not stream.verify(folder, metadata=metadata):
+        if not stream.verify(location, metadata=metadata, storage_options=options):
             raise FalsePass(str(error)) from error
         raise
-    stream.verify(folder, metadata=metadata)
+    stream.verify(location, metadata=metadata, storage_options=options)
+
+
+S3_ENV = "ZEROBATCH_FUZZ_S3"
+"""The bucket (``s3://name``) remote targets write their inputs into. The
+endpoint and keys come from the AWS variables (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ...), as ``tests/s3_server.py``'s ``S3Server.env()``
+gives them for a moto server on 127.0.0.1."""
+
+_S3_OPTIONS = {  # fail fast: a slow answer is the server's, not the reader's
+    "client_options": {"allow_http": True, "timeout": "5s", "connect_timeout": "1s"},
+    "retry_config": {"max_retries": 2, "retry_timeout": dt.timedelta(seconds=5),
+                     "backoff": {"init_backoff": dt.timedelta(milliseconds=5),
+                                 "max_backoff": dt.timedelta(milliseconds=50), "base": 2}},
+}
+
+
+_PLACEHOLDER_AUTH = "AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, " \
+    "SignedHeaders=host, Signature=0"
+
+
+class _Prefix:
+    """A prefix of the ``S3_ENV`` bucket, one per process, holding the previous
+    input: ``put`` uploads only the objects that changed and deletes the ones
+    gone, by plain HTTP to the endpoint with a placeholder signature (moto
+    checks none; the reader under test signs its own requests)."""
+
+    def __init__(self) -> None:
+        endpoint = urllib.parse.urlparse(os.environ["AWS_ENDPOINT_URL"])
+        bucket = os.environ[S3_ENV].removeprefix("s3://").strip("/")
+        self.pid = os.getpid()
+        self.path = f"/{bucket}/fuzz-{self.pid}-{time.monotonic_ns()}"
+        self.url = f"s3:/{self.path}"
+        self._connection = http.client.HTTPConnection(endpoint.hostname or "", endpoint.port,
+                                                      timeout=10)
+        self._held: Files = {}
+
+    def _request(self, method: str, name: str, body: bytes | None = None) -> None:
+        self._connection.request(method, f"{self.path}/{urllib.parse.quote(name)}", body=body,
+                                 headers={"Authorization": _PLACEHOLDER_AUTH})
+        response = self._connection.getresponse()
+        response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"fuzz harness: {method} {name!r} answered {response.status}")
+
+    def put(self, files: Files) -> None:
+        """Make the prefix hold exactly ``files``."""
+        for name in [n for n in self._held if files.get(n) is not self._held[n]]:
+            self._request("DELETE", name)
+            del self._held[name]
+        for name, data in files.items():
+            if name not in self._held:
+                self._request("PUT", name, data)
+                self._held[name] = data
+
+
+_PREFIX: list[_Prefix] = []  # this process's, created on first use
+
+
+def _read_stream_s3(folder: Path, files: Files) -> None:
+    if not _PREFIX or _PREFIX[0].pid != os.getpid():  # a forked child makes its own
+        _PREFIX[:] = [_Prefix()]
+    _PREFIX[0].put(files)
+    _read_stream_at(_PREFIX[0].url, files, _S3_OPTIONS)
 
 
 def _batch_seeds() -> list[Files]:
@@ -304,6 +381,8 @@ def _read_service(folder: Path, files: Files) -> None:
 
 for _target in (
     Target("stream", _stream_seeds, _read_stream, warm=_stream_warm),
+    Target("stream-s3", _stream_seeds, _read_stream_s3, on_disk=False, warm=_stream_warm,
+           remote=_read_stream),
     Target("llmbatch", _batch_seeds, _read_batch),
     Target("frames", _frame_seeds, _read_frames, on_disk=False),
     Target("batchmeta", _meta_seeds, _read_meta, on_disk=False),
@@ -613,6 +692,14 @@ class Report:
     examples: dict[tuple[str, str], str] = field(default_factory=dict)
     repros: list[Path] = field(default_factory=list)
 
+    def merge(self, other: Report) -> None:
+        """Add ``other``'s counts, examples and repros to this report."""
+        for key, counts in other.counts.items():
+            self.counts[key].update(counts)
+        for signature, example in other.examples.items():
+            self.examples.setdefault(signature, example)
+        self.repros.extend(other.repros)
+
     def add(self, target: str, label: str, outcome: str) -> None:
         self.counts[(target, _kind(label.split(":", 1)[0]))][outcome] += 1
 
@@ -720,12 +807,15 @@ def warm_up(target: Target) -> None:
     """Read every seed and warm-up input once in this process (imports, compiled
     kernels), so forked children start warm; one that does not read is a
     harness bug."""
+    read = target.remote or target.read
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
         scratch = Scratch(Path(tmp))
         for files in [*target.seeds(), *target.warm()]:
-            if target.on_disk:
+            if target.on_disk or target.remote:
                 scratch.write(files)
-            target.read(Path(tmp), files)
+            read(Path(tmp), files)
+    if target.remote:
+        import zerobatch.storage.object  # noqa: F401  (imported, never used, before forking)
 
 
 def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, seed: int,
@@ -737,6 +827,16 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
     elapsed: dict[str, float] = {}
     for name in names:
         target = TARGETS[name]
+        if target.remote and multiprocessing.parent_process() is None:
+            # a fresh interpreter, in which S3 was never used, forks the children
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                part, seconds_taken = pool.apply(fuzz, ([name],), {
+                    "per_target": per_target, "seconds": seconds, "seed": seed,
+                    "batch_size": batch_size, "timeout": timeout, "out": out,
+                    "progress": progress})
+            report.merge(part)
+            elapsed.update(seconds_taken)
+            continue
         warm_up(target)
         began = time.perf_counter()
         stream = inputs(target, per_target, seed)
@@ -836,6 +936,12 @@ def main() -> None:
         return
     if args.inputs is None and args.seconds is None:
         args.seconds = 30.0
+    if any(TARGETS[n].remote for n in names) and S3_ENV not in os.environ:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from s3_server import S3Server
+
+        server = S3Server().start()  # in this process; children reach it by loopback
+        os.environ.update({**server.env(), S3_ENV: f"s3://{server.bucket}"})
     load = os.getloadavg()
     report, elapsed = fuzz(names, per_target=args.inputs, seconds=args.seconds, seed=args.seed,
                            batch_size=args.batch, timeout=args.timeout, out=args.out,
