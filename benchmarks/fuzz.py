@@ -13,7 +13,8 @@ boundary, swapped, renamed, dropped and duplicated files, JSON and msgpack
 headers edited field by field), then random ones (bit flips, byte writes,
 splices, inserts, deletes). They run in forked children, many per child: a
 child reports after each input, so a crash (the child dies), a hang (no report
-within ``--timeout`` seconds) or an allocation over budget (``RLIMIT_AS`` set to
+after ``--timeout`` seconds of the child's CPU time, or ``--blocked`` seconds of
+waiting) or an allocation over budget (``RLIMIT_AS`` set to
 the child's current size plus the budget; peak RSS growth checked too) is
 attributed to one input, which is kept as a repro under ``--out``.
 
@@ -27,6 +28,13 @@ Run::
     python benchmarks/fuzz.py --seconds 600 --out fuzz-out
     python benchmarks/fuzz.py --targets stream,frames --inputs 100000
     python benchmarks/fuzz.py --engine atheris --targets frames   # coverage-guided
+    python benchmarks/fuzz.py --targets stream-s3 --inputs 5000   # starts moto on 127.0.0.1
+
+Remote targets (``stream-s3``) read inputs uploaded to a moto S3 server on
+127.0.0.1: the one named by ``ZEROBATCH_FUZZ_S3`` and the AWS variables, or one
+the command line starts. obstore is not fork-safe once used, so such a target
+runs in a spawned interpreter that warms up locally and forks the children,
+and each child makes its own connections.
 
 ``--engine atheris`` (``pip install atheris``) drives one target in process
 with libFuzzer, these mutators as its custom mutator, and libFuzzer's own
@@ -676,7 +684,8 @@ def _child(
     faulthandler.disable()  # a crash is the parent's to report, without a traceback dump
     for i in range(start, len(batch)):
         outcome, detail = run_one(target, scratch, batch[i][1])
-        os.write(fd, f"{i}\t{outcome}\t{detail}\n".encode("utf-8", "replace"))
+        line = f"{i}\t{time.process_time()}\t{outcome}\t{detail}\n"
+        os.write(fd, line.encode("utf-8", "replace"))
 
 
 def _scratch() -> str | None:
@@ -740,18 +749,33 @@ def _keep(out: Path | None, report: Report, target: str, label: str, files: File
 
 
 def run_batch(target: Target, batch: list[tuple[str, Files]], report: Report, *,
-              timeout: float, out: Path | None) -> None:
+              timeout: float, out: Path | None, blocked: float | None = None) -> None:
     """Run ``batch`` in forked children; a crash or hang is pinned on one input
-    and the rest of the batch goes on in a fresh child."""
+    and the rest of the batch goes on in a fresh child. A hang is no answer
+    after ``timeout`` seconds of the child's CPU time, or after ``blocked``
+    seconds (default 10 x ``timeout``) of waiting however little CPU it used:
+    on a loaded machine a niced child may wait long for its share."""
     scratch = Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch()))  # the parent removes it
     try:
-        _run_children(target, batch, report, timeout=timeout, out=out, scratch=scratch)
+        _run_children(target, batch, report, timeout=timeout,
+                      blocked=10 * timeout if blocked is None else blocked, out=out,
+                      scratch=scratch)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far (s); 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report, *,
-                  timeout: float, out: Path | None, scratch: Path) -> None:
+                  timeout: float, blocked: float, out: Path | None, scratch: Path) -> None:
     start = 0
     while start < len(batch):
         read_fd, write_fd = os.pipe()
@@ -768,13 +792,20 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
         pending = b""
         current = start
         status = None
+        answered, answered_cpu = time.monotonic(), 0.0  # a child's CPU clock starts at 0
         with os.fdopen(read_fd, "rb", buffering=0) as pipe:
             while True:
-                ready, _, _ = select.select([pipe], [], [], timeout)
+                ready, _, _ = select.select([pipe], [], [], min(timeout, 1.0))
                 if not ready:
+                    cpu = max(0.0, _cpu_seconds(pid) - answered_cpu)  # ticks of 10 ms
+                    waited = time.monotonic() - answered
+                    if cpu < timeout and waited < blocked:
+                        continue
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
                     status = "hang"
+                    end_detail = (f"no answer after {cpu:.1f} s of CPU time "
+                                    f"({waited:.0f} s waited)")
                     break
                 chunk = pipe.read(1 << 16)
                 if not chunk:
@@ -782,13 +813,15 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
                     status = None if current >= len(batch) else "crash"
                     if status == "crash":
                         code = os.waitstatus_to_exitcode(wait)
-                        crash_detail = f"child exited with {code}"
+                        end_detail = f"child exited with {code}"
                     break
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    index, outcome, detail = line.decode("utf-8", "replace").split("\t", 2)
+                    index, cpu_text, outcome, detail = line.decode("utf-8", "replace").split(
+                        "\t", 3)
                     i = int(index)
+                    answered, answered_cpu = time.monotonic(), float(cpu_text)
                     label, files = batch[i]
                     report.add(target.name, label, outcome)
                     if outcome not in ("ok", "format_error"):
@@ -796,9 +829,8 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
                     current = i + 1
         if status is not None:
             label, files = batch[current]
-            detail = f"no answer within {timeout} s" if status == "hang" else crash_detail
             report.add(target.name, label, status)
-            _keep(out, report, target.name, label, files, status, detail)
+            _keep(out, report, target.name, label, files, status, end_detail)
             current += 1
         start = current
 
@@ -819,8 +851,8 @@ def warm_up(target: Target) -> None:
 
 
 def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, seed: int,
-         batch_size: int = 500, timeout: float = 20.0, out: Path | None = None,
-         progress: bool = False) -> tuple[Report, dict[str, float]]:
+         batch_size: int = 500, timeout: float = 20.0, blocked: float | None = None,
+         out: Path | None = None, progress: bool = False) -> tuple[Report, dict[str, float]]:
     """Fuzz each named target in turn, ``per_target`` inputs or ``seconds`` each
     (whichever ends first). Returns the report and the seconds each took."""
     report = Report()
@@ -832,7 +864,7 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
             with multiprocessing.get_context("spawn").Pool(1) as pool:
                 part, seconds_taken = pool.apply(fuzz, ([name],), {
                     "per_target": per_target, "seconds": seconds, "seed": seed,
-                    "batch_size": batch_size, "timeout": timeout, "out": out,
+                    "batch_size": batch_size, "timeout": timeout, "blocked": blocked, "out": out,
                     "progress": progress})
             report.merge(part)
             elapsed.update(seconds_taken)
@@ -844,7 +876,7 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
             batch = [item for _, item in zip(range(batch_size), stream, strict=False)]
             if not batch:
                 break
-            run_batch(target, batch, report, timeout=timeout, out=out)
+            run_batch(target, batch, report, timeout=timeout, blocked=blocked, out=out)
             if progress:
                 done = sum(report.totals()[name].values())
                 print(f"  {name}: {done} inputs, {time.perf_counter() - began:.0f} s",
@@ -926,7 +958,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None, help="per target")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=500, help="inputs per forked child")
-    parser.add_argument("--timeout", type=float, default=20.0, help="hang limit per input (s)")
+    parser.add_argument("--timeout", type=float, default=20.0,
+                        help="hang limit per input (s of the child's CPU time)")
+    parser.add_argument("--blocked", type=float, default=None,
+                        help="hang limit per input however little CPU it used (s; default "
+                             "10 x --timeout)")
     parser.add_argument("--out", type=Path, default=None, help="keep repros here")
     parser.add_argument("--engine", choices=("fork", "atheris"), default="fork")
     args, rest = parser.parse_known_args()
@@ -944,7 +980,8 @@ def main() -> None:
         os.environ.update({**server.env(), S3_ENV: f"s3://{server.bucket}"})
     load = os.getloadavg()
     report, elapsed = fuzz(names, per_target=args.inputs, seconds=args.seconds, seed=args.seed,
-                           batch_size=args.batch, timeout=args.timeout, out=args.out,
+                           batch_size=args.batch, timeout=args.timeout, blocked=args.blocked,
+                           out=args.out,
                            progress=True)
     print(f"nproc {os.cpu_count()}, load before {load[0]:.2f} {load[1]:.2f}, after "
           f"{os.getloadavg()[0]:.2f}")

@@ -15,12 +15,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import fuzz
+from s3_server import S3Server
 
 SLICE = {"stream": 1000, "npy-folder": 1500}  # the slow readers get fewer
 GOOD = ("ok", "format_error")  # the only outcomes a reader may have
 
 
-@pytest.mark.parametrize("name", sorted(fuzz.TARGETS))
+@pytest.mark.parametrize("name", sorted(n for n, t in fuzz.TARGETS.items() if not t.remote))
 def test_reader_slice(name: str, tmp_path: Path) -> None:
     count = SLICE.get(name, 2500)
     report, _ = fuzz.fuzz([name], per_target=count, seconds=None, seed=1, batch_size=400,
@@ -33,6 +34,20 @@ def test_reader_slice(name: str, tmp_path: Path) -> None:
     assert not problems, (problems, sorted(report.examples.items())[:5])
 
 
+def test_remote_slice(s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Token-stream datasets read over s3:// from forked children of a spawned
+    interpreter: a few dozen inputs (each one uploads, reads and verifies through
+    the server)."""
+    for key, value in {**s3.env(), fuzz.S3_ENV: f"s3://{s3.bucket}"}.items():
+        monkeypatch.setenv(key, value)
+    report, elapsed = fuzz.fuzz(["stream-s3"], per_target=60, seconds=None, seed=1,
+                                batch_size=30, timeout=60, out=tmp_path)
+    counts = report.totals()["stream-s3"]
+    assert sum(counts.values()) == 60 and set(elapsed) == {"stream-s3"}
+    assert counts["format_error"] > 0 and counts["ok"] > 0
+    assert set(counts) <= set(GOOD), (counts, sorted(report.examples.items())[:5])
+
+
 def _planted(folder: Path, files: fuzz.Files) -> None:
     data = files["x"]
     if data == b"escape":
@@ -41,6 +56,9 @@ def _planted(folder: Path, files: fuzz.Files) -> None:
         os.abort()
     if data == b"hang":
         time.sleep(60)
+    if data == b"spin":
+        while True:
+            pass
     if data == b"alloc":
         bytearray(3 << 30)
     if data == b"rss":
@@ -55,21 +73,38 @@ def _planted(folder: Path, files: fuzz.Files) -> None:
 def test_driver_attributes_every_failure(tmp_path: Path) -> None:
     target = fuzz.Target("planted", lambda: [{"x": b"ok"}], _planted, on_disk=False)
     names = [b"ok", b"escape", b"ok", b"crash", b"good", b"hang", b"ok", b"alloc", b"rss",
-             b"bad", b"ok"]
+             b"bad", b"spin", b"ok"]
     batch = [(f"x:{n.decode()}", {"x": n}) for n in names]
     report = fuzz.Report()
-    fuzz.run_batch(target, batch, report, timeout=3, out=tmp_path)
+    fuzz.run_batch(target, batch, report, timeout=1, blocked=3, out=tmp_path)
     assert report.counts[("planted", "x")] == {
-        "ok": 4, "escape": 1, "crash": 1, "format_error": 1, "hang": 1, "alloc": 2,
+        "ok": 4, "escape": 1, "crash": 1, "format_error": 1, "hang": 2, "alloc": 2,
         "unnamed": 1,
     }
     kept = sorted(p.name.split("-")[0] for p in (tmp_path / "planted").iterdir())
-    assert kept == ["alloc", "alloc", "crash", "escape", "hang", "unnamed"]
+    assert kept == ["alloc", "alloc", "crash", "escape", "hang", "hang", "unnamed"]
     for repro in (tmp_path / "planted").iterdir():
-        outcome = (repro / "outcome.txt").read_text().split("\n")[0]
-        assert (repro / "input" / "x").read_bytes().decode() in {
-            "escape": "escape", "crash": "crash", "hang": "hang", "alloc": "alloc rss",
-            "unnamed": "bad"}[outcome].split()
+        outcome, _, detail = (repro / "outcome.txt").read_text().split("\n")[:3]
+        planted = (repro / "input" / "x").read_bytes().decode()
+        assert planted in {"escape": "escape", "crash": "crash", "hang": "hang spin",
+                           "alloc": "alloc rss", "unnamed": "bad"}[outcome].split()
+        assert outcome != "hang" or detail.startswith("no answer after "), detail
+
+
+@pytest.mark.parametrize(("planted", "timeout", "blocked", "cpu"), [
+    (b"hang", 60.0, 2.0, (0.0, 0.5)),  # asleep: caught by the wait, having used no CPU
+    (b"spin", 1.0, 600.0, (1.0, 2.0)),  # busy: caught by its CPU time, however slow the clock
+])
+def test_hang_is_timed_by_cpu_or_wait(planted: bytes, timeout: float, blocked: float,
+                                      cpu: tuple[float, float]) -> None:
+    target = fuzz.Target("planted", lambda: [{"x": b"ok"}], _planted, on_disk=False)
+    report = fuzz.Report()
+    fuzz.run_batch(target, [("x:ok", {"x": b"ok"}), ("x:p", {"x": planted})], report,
+                   timeout=timeout, blocked=blocked, out=None)
+    assert report.counts[("planted", "x")] == {"ok": 1, "hang": 1}
+    (example,) = report.examples.values()
+    used = float(example.split("no answer after ")[1].split(" s of CPU")[0])
+    assert cpu[0] <= used < cpu[1], example
 
 
 def test_structured_mutations_cover_every_file() -> None:
