@@ -700,6 +700,7 @@ class Report:
         default_factory=lambda: defaultdict(Counter))
     examples: dict[tuple[str, str], str] = field(default_factory=dict)
     repros: list[Path] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)  # s per target, driver and children
 
     def merge(self, other: Report) -> None:
         """Add ``other``'s counts, examples and repros to this report."""
@@ -708,6 +709,7 @@ class Report:
         for signature, example in other.examples.items():
             self.examples.setdefault(signature, example)
         self.repros.extend(other.repros)
+        self.cpu.update(other.cpu)
 
     def add(self, target: str, label: str, outcome: str) -> None:
         self.counts[(target, _kind(label.split(":", 1)[0]))][outcome] += 1
@@ -835,6 +837,12 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
         start = current
 
 
+def _cpu_used() -> float:
+    """CPU seconds used by this process and its children waited for."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def warm_up(target: Target) -> None:
     """Read every seed and warm-up input once in this process (imports, compiled
     kernels), so forked children start warm; one that does not read is a
@@ -870,7 +878,7 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
             elapsed.update(seconds_taken)
             continue
         warm_up(target)
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), _cpu_used()
         stream = inputs(target, per_target, seed)
         while True:
             batch = [item for _, item in zip(range(batch_size), stream, strict=False)]
@@ -884,6 +892,7 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
             if seconds is not None and time.perf_counter() - began >= seconds:
                 break
         elapsed[name] = time.perf_counter() - began
+        report.cpu[name] = _cpu_used() - cpu
     return report, elapsed
 
 
@@ -990,7 +999,9 @@ def main() -> None:
     print(report.table())
     for name, seconds in elapsed.items():
         done = sum(report.totals()[name].values())
-        print(f"{name}: {done} inputs in {seconds:.1f} s ({done / max(seconds, 1e-9):.0f}/s)")
+        cpu = report.cpu.get(name, 0.0)
+        print(f"{name}: {done} inputs in {seconds:.1f} s ({done / max(seconds, 1e-9):.0f}/s); "
+              f"{cpu:.1f} CPU s ({done / max(cpu, 1e-9):.0f} per CPU s)")
     for (target, signature), example in sorted(report.examples.items()):
         print(f"{target} {signature}: {example[:200]}")
     if args.out is not None:
