@@ -142,9 +142,11 @@ def _stream_seeds() -> list[Files]:
                 for d in range(6):
                     n = int(rng.integers(1, 25))
                     value = np.arange(3, dtype="<i4") if metadata == "numpy" else {"d": d}
-                    writer.add_document(
+                    writer.add_document(  # nested and overlapping spans, some document metadata
                         rng.integers(0, 50000, n),
-                        spans=[(0, max(1, n // 2), value)] if metadata else None,
+                        metadata=value if metadata and d % 2 else None,
+                        spans=[(0, max(1, n // 2), value), (0, n, value),
+                               (n // 3, n, value)] if metadata else None,
                         fields={name: np.ones(n, dt) for name, dt in (fields or {}).items()},
                     )
             seeds.append(_folder_files(folder))
@@ -177,9 +179,10 @@ def _read_stream_at(
             windows = ds.windows(4)
             for batch in (windows.read(np.arange(len(windows))),
                           ds.documents().read(np.arange(ds.num_documents))):
-                if "metadata" in batch:
-                    for spans in batch["metadata"]:
-                        list(spans)
+                for column in ("metadata", "document_metadata"):
+                    if column in batch:
+                        for spans in batch[column]:
+                            list(spans)
     except FormatError as error:
         if not stream.verify(location, metadata=metadata, storage_options=options):
             raise FalsePass(str(error)) from error
@@ -495,7 +498,7 @@ def _structured_file(seed: Files, name: str) -> Iterator[tuple[str, Files]]:
         yield f"{name}:deep", {**seed, name: b"[" * 100_000 + b"]" * 100_000}
     # boundary integers: every 8-byte position of offset tables and of the first
     # 256 bytes of other files, every 4-byte position of the first 64 bytes
-    table = name.endswith((".docs", ".meta.index"))
+    table = name.endswith((".docs", ".meta.index", ".meta.spans"))
     positions = range(0, len(data) - 7, 8) if table else range(0, min(len(data) - 7, 256), 8)
     for at in positions:
         for value in (*_INTS, len(data), len(data) + 1):
