@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -150,7 +151,8 @@ def models(folder: Path, size: int, label: str, repeats: int
 def save_limits(folder: Path, tensors: dict[str, np.ndarray], repeats: int
                 ) -> dict[str, tuple[float, float]]:
     """(best wall s, best thread CPU s) of each writer of ``tensors``, the
-    writers interleaved in every pass, each save to a new path."""
+    writers interleaved in every pass (in a new order each pass, seed 0),
+    each save to a new path."""
     target = folder / "limits.safetensors"
     size = sum(array.nbytes for array in tensors.values())
     source = np.ones(size, np.uint8)
@@ -177,8 +179,12 @@ def save_limits(folder: Path, tensors: dict[str, np.ndarray], repeats: int
     }
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in writers}
     settle = fresh_target(target)
+    order = list(writers)
+    shuffle = random.Random(0).shuffle
     for _ in range(repeats):
-        for name, run in writers.items():
+        shuffle(order)  # no writer always runs after the same one
+        for name in order:
+            run = writers[name]
             settle()
             wall, cpu = time.perf_counter(), time.thread_time()
             run()
