@@ -73,22 +73,20 @@ class ByteEncoder:
 
 
 class HFEncoder:
-    """A Hugging Face ``tokenizers.Tokenizer`` loaded from its JSON file."""
+    """A Hugging Face ``tokenizers.Tokenizer`` (loaded from its JSON file)."""
 
-    def __init__(self, path: str, name: str, eos_id: int | None) -> None:
-        from tokenizers import Tokenizer as HFTokenizer
-
-        self._tokenizer = HFTokenizer.from_file(path)
+    def __init__(self, tokenizer: Any, name: str, eos_id: int | None) -> None:
+        self._tokenizer = tokenizer
         vocab = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self.facts = Tokenizer(name, vocab, eos_id, None)
 
     def encode(self, texts: list[str], *, offsets: bool = True) -> list[Encoded]:
+        if not offsets:  # encode_batch_fast computes no offsets: the same ids, sooner
+            return [Encoded(np.asarray(encoding.ids, dtype=np.int64), _NONE, _NONE)
+                    for encoding in self._tokenizer.encode_batch_fast(texts)]
         out = []
         for encoding in self._tokenizer.encode_batch(texts):
             ids = np.asarray(encoding.ids, dtype=np.int64)
-            if not offsets:  # building offset arrays costs as much as the ids
-                out.append(Encoded(ids, _NONE, _NONE))
-                continue
             spans = np.asarray(encoding.offsets, dtype=np.int64).reshape(-1, 2)
             out.append(Encoded(ids, spans[:, 0], spans[:, 1]))
         return out
@@ -110,8 +108,10 @@ class EncoderSpec:
             if self.kind == BYTES:
                 encoder = ByteEncoder()
             else:
+                from tokenizers import Tokenizer as HFTokenizer
+
                 assert self.path is not None and self.name is not None
-                encoder = HFEncoder(self.path, self.name, self.eos_id)
+                encoder = HFEncoder(HFTokenizer.from_file(self.path), self.name, self.eos_id)
             _CACHE[self] = encoder
         return encoder
 
@@ -175,4 +175,6 @@ def resolve_tokenizer(
     else:
         raise TypeError("tokenizer must be 'bytes', a path or a tokenizers.Tokenizer, "
                         f"got {type(tokenizer).__name__}")
-    return EncoderSpec("hf", str(Path(path).resolve()), name, _find_eos(loaded, eos, path))
+    spec = EncoderSpec("hf", str(Path(path).resolve()), name, _find_eos(loaded, eos, path))
+    _CACHE.setdefault(spec, HFEncoder(loaded, name, spec.eos_id))  # in-process tasks reuse it
+    return spec
