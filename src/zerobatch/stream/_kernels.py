@@ -690,34 +690,35 @@ def annotation_spans(
     highs = np.zeros(n_pieces, np.int64)
     runs = np.int64(0)
     size = np.int64(0)
+    code, shard = OK, 0
     for p in range(n_pieces):
         s = pieces[p, SHARD]
         table = spans[s]
         lo, hi, code = _annotation_range(meta_ids, pieces, p, obs_begin, obs_len, entries,
                                          records, table)
-        if code != OK:
-            return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
-                    np.zeros(b_count + 1, np.int64), np.empty(head, np.uint8),
-                    np.zeros(1, np.int64), code, s)
         t, end = _piece_bounds(pieces, p, obs_begin, obs_len)
         a = np.uint64(pieces[p, START])
         b = np.uint64(pieces[p, START] + end - t)
         offsets = index[s]
         limit = np.uint64(data[s].shape[0])
-        for e in range(lo, hi):
-            start, stop = table[3 * e], table[3 * e + 1]
+        for e in range(lo, hi):  # empty when code != OK
             if not _sound_row(table, e, records[s]):
-                return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
-                        np.zeros(b_count + 1, np.int64), np.empty(head, np.uint8),
-                        np.zeros(1, np.int64), BAD_SPANS, s)
-            if stop > a and start < b:
+                code = BAD_SPANS
+                break
+            if table[3 * e + 1] > a and table[3 * e] < b:
                 if not offsets[e] <= offsets[e + 1] <= limit:
-                    return (np.empty(0, np.int64), np.empty(0, np.int64),
-                            np.empty(0, np.int64), np.zeros(b_count + 1, np.int64),
-                            np.empty(head, np.uint8), np.zeros(1, np.int64), BAD_INDEX, s)
+                    code = BAD_INDEX
+                    break
                 runs += 1
                 size += np.int64(offsets[e + 1] - offsets[e])
+        if code != OK:
+            shard = s
+            break
         lows[p], highs[p] = lo, hi
+    if code != OK:
+        return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
+                np.zeros(b_count + 1, np.int64), np.empty(head, np.uint8),
+                np.zeros(1, np.int64), code, shard)
     starts = np.empty(runs, np.int64)
     ends = np.empty(runs, np.int64)
     kinds = np.empty(runs, np.int64)
