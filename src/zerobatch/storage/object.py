@@ -12,8 +12,15 @@ the byte range and the last cause; a missing object raises
 ``FileNotFoundError`` naming its URL. A request that fails while no credentials
 are configured says which environment variables to set.
 
+Index files are read through a ``BlockCache`` (``blocks``): fixed-size blocks,
+least recently used out first within a byte budget, optionally kept on local
+disk across runs (``cache_dir``); see ``zerobatch.storage.blocks``.
+
 obstore is not fork-safe: a process forked after its parent used a store hangs
-on its first request. Start reader processes with ``spawn`` or ``forkserver``.
+on its first request. Such a child raises ``StorageError`` on its first
+request instead. Start reader processes (DataLoader workers included) with
+``spawn`` or ``forkserver``: an ``ObjectStorage`` pickles as its URL and
+options and opens its own store in the child.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
@@ -31,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.errors import StorageError
+from zerobatch.storage.blocks import BLOCK_SIZE, CACHE_BYTES, CACHE_DIR_BYTES, BlockCache
 from zerobatch.storage.url import OBJECT_SCHEMES
 
 __all__ = ["COALESCE", "CREDENTIAL_VARIABLES", "ObjectStorage"]
@@ -71,10 +80,25 @@ class _Loop:
     _lock = threading.Lock()
     _loop: asyncio.AbstractEventLoop | None = None
     _pid = -1
+    forked = False  # this process was forked from one that had used obstore
+
+    @classmethod
+    def after_fork(cls) -> None:
+        """In a forked child: remember whether the parent had used obstore."""
+        cls.forked = cls.forked or cls._pid != -1
+        cls._lock = threading.Lock()
 
     @classmethod
     def run(cls, start: Callable[[], Awaitable[T]]) -> T:
-        """``await start()`` on the loop (obstore's calls need the loop running)."""
+        """``await start()`` on the loop (obstore's calls need the loop running);
+        ``StorageError`` in a child forked after its parent used obstore, whose
+        requests would hang."""
+        if cls.forked:
+            raise StorageError(
+                "object storage used in a process forked from one that had already used "
+                "it: obstore is not fork-safe and its requests would hang; start worker "
+                "processes with 'spawn' or 'forkserver' (for a torch DataLoader: "
+                "multiprocessing_context='spawn')")
         with cls._lock:
             if cls._loop is None or cls._pid != os.getpid():
                 loop = asyncio.new_event_loop()
@@ -87,6 +111,10 @@ class _Loop:
             return await start()
 
         return asyncio.run_coroutine_threadsafe(main(), loop).result()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Loop.after_fork)
 
 
 def _obstore() -> Any:
@@ -138,18 +166,31 @@ class ObjectStorage:
     (``config`` or config keys, ``client_options``, ``retry_config``,
     ``credential_provider``); without them the cloud's environment variables
     are read. ``coalesce``: ranges of one object closer than this many bytes
-    are fetched by one GET (0: never merged).
+    are fetched by one GET (0: never merged). ``block_size``, ``cache_bytes``,
+    ``cache_dir`` and ``cache_dir_bytes`` set the ``BlockCache`` that index
+    files are read through (``zerobatch.storage.blocks``; defaults: 16 KiB
+    blocks, 64 MiB in memory, no ``cache_dir``, 4 GiB when one is given).
+    Every entry point's ``storage_options`` accepts them beside obstore's.
 
     Handles are small ints, one per opened object; opening asks the size (one
     LIST of the prefix for the first size, a HEAD for names it did not show).
     Thread-safe: any number of threads may read at once. ``close()`` is
-    idempotent; reads after it raise ``OSError``.
+    idempotent; reads after it raise ``OSError``. Pickles as its URL and
+    options (the copy opens its own store, with an empty memory cache): the
+    way to hand it to a ``spawn`` or ``forkserver`` process.
     """
 
-    def __init__(self, url: str, *, coalesce: int = COALESCE, **storage_options: Any) -> None:
+    def __init__(
+        self, url: str, *, coalesce: int = COALESCE, block_size: int = BLOCK_SIZE,
+        cache_bytes: int = CACHE_BYTES, cache_dir: str | os.PathLike[str] | None = None,
+        cache_dir_bytes: int = CACHE_DIR_BYTES, **storage_options: Any,
+    ) -> None:
         scheme, bucket, prefix = split_url(url)
         if coalesce < 0:
             raise ValueError(f"coalesce must be >= 0 bytes, got {coalesce}")
+        self._arguments = (url, {"coalesce": coalesce, "block_size": block_size,
+                                 "cache_bytes": cache_bytes, "cache_dir": cache_dir,
+                                 "cache_dir_bytes": cache_dir_bytes, **storage_options})
         obstore = _obstore()
         self._obstore = obstore
         self._scheme = scheme
@@ -164,6 +205,9 @@ class ObjectStorage:
             raise ValueError(f"{url}: bad storage_options ({_cause(error)})") from error
         self._lock = threading.Lock()
         self._listed: dict[str, int] | None = None
+        self._tags: dict[str, str] = {}
+        self._blocks = BlockCache(self, block_size=block_size, cache_bytes=cache_bytes,
+                                  cache_dir=cache_dir, cache_dir_bytes=cache_dir_bytes)
         self._handles: dict[str, int] = {}
         self._keys: list[str] = []
         self._sizes: list[int] = []
@@ -184,8 +228,17 @@ class ObjectStorage:
         """The obstore store (of the bucket; keys include the prefix)."""
         return self._store
 
+    @property
+    def blocks(self) -> BlockCache:
+        """The block cache that index files are read through."""
+        return self._blocks
+
     def __repr__(self) -> str:
         return f"ObjectStorage({self.url!r})"
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        url, options = self._arguments
+        return functools.partial(ObjectStorage, **options), (url,)
 
     def key(self, name: str) -> str:
         """The object key of ``name``."""
@@ -227,16 +280,28 @@ class ObjectStorage:
             start = len(prefix or "")
             self._listed = {meta["path"][start:]: int(meta["size"])
                             for meta in result["objects"]}
+            self._tags.update({meta["path"][start:]: str(meta.get("e_tag"))
+                               for meta in result["objects"]})
         return self._listed
 
     def size(self, name: str) -> int:
         """The size of ``name`` in bytes; ``FileNotFoundError`` naming its URL if absent."""
-        size = self._list().get(name)
+        listed = self._list()
+        size = listed.get(name)
         if size is None:
             meta = self._run(lambda: self._obstore.head_async(self._store, self.key(name)),
                              name, "HEAD")
             size = int(meta["size"])
+            with self._lock:
+                listed[name] = size
+                self._tags[name] = str(meta.get("e_tag"))
         return size
+
+    def version(self, name: str) -> str:
+        """The URL, size and entity tag of ``name``: what identifies its content
+        (the key of its blocks in a ``cache_dir``)."""
+        size = self.size(name)
+        return f"{self.url_of(name)}\0{size}\0{self._tags.get(name)}"
 
     def open(self, name: str) -> int:
         """The handle of ``name`` (its size is fetched once)."""
@@ -362,6 +427,7 @@ class ObjectStorage:
         self._run(lambda: self._obstore.put_async(self._store, self.key(name), data), name,
                   "upload")
         with self._lock:
+            self._tags.pop(name, None)
             if self._listed is not None:
                 self._listed.pop(name, None)
 
@@ -400,6 +466,7 @@ class ObjectStorage:
             self._run(lambda: self._obstore.delete_async(self._store, self.key(name)), name,
                       "delete")
         with self._lock:
+            self._tags.pop(name, None)
             if self._listed is not None:
                 self._listed.pop(name, None)
 

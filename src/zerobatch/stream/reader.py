@@ -49,6 +49,7 @@ from zerobatch.stream.manifest import (
     read_manifest,
 )
 from zerobatch.stream.npy import NpyTokens, is_npy_folder, open_npy
+from zerobatch.stream.ranged import IndexView, RangedIndex
 from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 from zerobatch.stream.spans import Spans, SpanTable
 
@@ -84,8 +85,12 @@ class Dataset:
     """An opened token-stream dataset folder. Create with ``open_dataset``.
 
     Opening reads the manifest and the size of every file (O(shards)); no token,
-    document or metadata byte is read until a source reads. Immutable and
-    thread-safe; ``close()`` is idempotent and makes later reads fail.
+    document or metadata byte is read until a source reads. Local index files
+    are mapped; over a storage with a block cache (``ObjectStorage.blocks``)
+    a batch reads only the blocks of them it needs (``ranged.RangedIndex``).
+    Immutable and thread-safe; ``close()`` is idempotent and makes later reads
+    fail. Pickles as its location, manifest and storage (the copy opens its
+    files again): how it reaches ``spawn`` and ``forkserver`` processes.
     """
 
     def __init__(
@@ -108,9 +113,15 @@ class Dataset:
         self._index: typed.List | None = None
         self._data: typed.List | None = None
         self._span_rows: typed.List | None = None
+        self._shard_ids = np.arange(len(shards), dtype=np.int64)
+        blocks = getattr(storage, "blocks", None)
+        self._ranged = None if blocks is None else RangedIndex(manifest, blocks, self._check)
         self._arena = Arena()
         self._lock = threading.Lock()
         self._closed = False
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return Dataset, (self._path, self._manifest, self._storage, self._serializer)
 
     @property
     def path(self) -> str | Path:
@@ -280,6 +291,30 @@ class Dataset:
         raise self._shard_error(shard, META_INDEX, "offsets",
                                 "metadata index goes backwards or past its data file")
 
+    def _view(
+        self, pieces: npt.NDArray[np.int64], obs_begin: npt.NDArray[np.int64],
+        obs_len: npt.NDArray[np.int64], *, docs: bool, meta_ids: np.ndarray | None = None,
+    ) -> IndexView:
+        """The tables the kernels read for ``pieces``: the mapped files, or over a
+        block cache the entries the pieces need (document offsets when ``docs``,
+        metadata when ``meta_ids`` are given)."""
+        if self._ranged is not None:
+            return self._ranged.view(pieces, obs_begin, obs_len, docs=docs, meta_ids=meta_ids)
+        meta = meta_ids is not None
+        return IndexView(pieces, self._shard_ids, self._docs_tables() if docs else None,
+                         self._doc_starts, meta_ids, self._entries,
+                         self._index_tables() if meta else None,
+                         self._data_maps() if meta else None)
+
+    def _plan_documents(
+        self, indices: npt.NDArray[np.int64], max_len: int
+    ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+        """``_kernels.plan_documents`` over the mapped offsets or by range."""
+        if self._ranged is not None:
+            return self._ranged.plan_documents(indices, max_len)
+        return k.plan_documents(indices, max_len, self._doc_starts, self._docs_tables(),
+                                self._records)
+
     def _index_tables(self) -> typed.List:
         """Every shard's metadata index, mapped once (8 bytes per entry)."""
         if self._index is None:
@@ -318,11 +353,12 @@ class Dataset:
         index and data files); see ``_spans``.
         """
         if not self._manifest.has_spans_table:
+            view = self._view(pieces, obs_begin, obs_len, docs=False, meta_ids=meta_ids)
             *spans, code, shard = k.meta_spans(
-                meta_ids, pieces, obs_begin, obs_len, self._entries, self._index_tables(),
-                self._data_maps(), _HEAD,
+                view.meta_ids, view.pieces, obs_begin, obs_len, view.entries, view.index,
+                view.data, _HEAD,
             )
-            self._check(code, shard)
+            self._check(code, int(view.shards[shard]) if code else shard)
             return self._spans(*spans).observations(), None
         starts, ends, kinds, *rest, code, shard = k.annotation_spans(
             meta_ids, pieces, obs_begin, obs_len, self._entries, self._records,
@@ -527,10 +563,11 @@ class TokenWindows:
                 records, tokens, pieces, inputs, labels, positions
             )
         elif self._want_positions:
+            view = ds._view(pieces, *self._bounds(b_count), docs=True)
             code, shard = k.window_positions(
-                tokens, pieces, n, seq_len, ds._docs_tables(), inputs, labels, positions
+                tokens, view.pieces, n, seq_len, view.docs, inputs, labels, positions
             )
-            ds._check(code, shard)
+            ds._check(code, int(view.shards[shard]) if code else shard)
         elif inputs.shape[0] or labels.shape[0]:
             k.window_tokens(tokens, seq_len, inputs, labels)
         if self._dtype is None:  # views of the read buffer, labels overlapping inputs
@@ -594,6 +631,12 @@ class TokenWindows:
             out["position_ids"] = planes[-1]
         return Batch._trusted(out, idx, dict(self._direct_schema))
 
+    def _bounds(self, count: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Where each of ``count`` windows starts in the batch buffer, and its
+        tokens (records) the columns use."""
+        return (np.arange(count, dtype=np.int64) * self._span,
+                np.full(count, self._seq_len, dtype=np.int64))
+
     def _segment_columns(
         self, records: np.ndarray, tokens: np.ndarray, pieces: npt.NDArray[np.int64],
         inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
@@ -603,31 +646,32 @@ class TokenWindows:
         metadata; returns the jagged columns asked for, the metadata columns
         asked for and the batch's schema."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
-        docs = ds._docs_tables()
         metadata: dict[str, list[Spans]] = {}
         meta_ids = records.reshape(-1)[META_ID] if ds.has_metadata else records
-        if self._want_metadata and not ds.has_document_metadata:
+        together = self._want_metadata and not ds.has_document_metadata
+        view = ds._view(pieces, *self._bounds(tokens.shape[0]), docs=True,
+                        meta_ids=meta_ids if together else None)
+        if together:
             (cu_off, cu, cu_len, doc_off, doc_ids, doc_len, *spans, code, shard
              ) = k.window_columns_meta(
-                tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
-                meta_ids, ds._entries, ds._index_tables(), ds._data_maps(), _HEAD,
+                tokens, view.pieces, n, seq_len, view.docs, view.doc_starts, inputs, labels,
+                positions, view.meta_ids, view.entries, view.index, view.data, _HEAD,
             )
-            ds._check(code, shard)
+            ds._check(code, int(view.shards[shard]) if code else shard)
             metadata["metadata"] = ds._spans(*spans).observations()
         else:
             cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
-                tokens, pieces, n, seq_len, docs, ds._doc_starts, inputs, labels, positions,
+                tokens, view.pieces, n, seq_len, view.docs, view.doc_starts, inputs, labels,
+                positions,
             )
-            ds._check(code, shard)
+            ds._check(code, int(view.shards[shard]) if code else shard)
             if self._want_metadata or self._want_documents:
                 b_count = tokens.shape[0]
-                every, documents = ds._metadata(meta_ids, pieces, np.arange(b_count) * n,
-                                                np.full(b_count, seq_len, np.int64))
+                every, documents = ds._metadata(meta_ids, pieces, *self._bounds(b_count))
                 if self._want_metadata:
                     metadata["metadata"] = every
                 if self._want_documents and documents is not None:
                     metadata["document_metadata"] = documents
-        ds._check(code, shard)
         columns: dict[str, Any] = {}
         schema = dict(self._dense)
         if "cu_seqlens" in self._columns:
@@ -697,9 +741,7 @@ class Documents:
         allowed) as one Batch."""
         ds = self._ds
         idx = _indices(indices)
-        pieces, offsets, bad, code, shard = k.plan_documents(
-            idx, self._max_len or 0, ds._doc_starts, ds._docs_tables(), ds._records
-        )
+        pieces, offsets, bad, code, shard = ds._plan_documents(idx, self._max_len or 0)
         if bad >= 0:
             raise IndexError(f"document {int(idx[bad])} is out of range for {len(self)}")
         ds._check(code, shard)
