@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 import socket
 from pathlib import Path
 
@@ -173,3 +175,54 @@ def test_open_storage_picks_the_storage(tmp_path: Path):
         open_storage("s3:///data")
     with pytest.raises(ValueError, match="bad storage_options"):
         open_storage("s3://bucket/data", config={"no_such_key": 1})
+
+
+def test_pickles_as_url_and_options(remote, s3, tmp_path):
+    folder, url = remote
+    storage = ObjectStorage(url, coalesce=64, block_size=64, cache_dir=tmp_path,
+                            **s3.storage_options())
+    storage.open("a.bin")
+    copy = pickle.loads(pickle.dumps(storage))
+    assert copy is not storage and copy.url == url and copy.blocks.block_size == 64
+    assert copy.map("b.bin").tobytes() == (folder / "b.bin").read_bytes()
+    [got] = copy.blocks.read([("a.bin", 60, 200)])
+    assert got.tobytes() == (folder / "a.bin").read_bytes()[60:200]
+    local = pickle.loads(pickle.dumps(LocalStorage(folder, method="mmap")))
+    assert repr(local) == repr(LocalStorage(folder, method="mmap"))
+
+
+def _list_in_child(storage, results):
+    try:
+        storage.names()
+        results.put("listed")
+    except StorageError as error:
+        results.put(str(error))
+
+
+def test_a_forked_child_raises_instead_of_hanging(remote, s3):
+    _, url = remote
+    storage = ObjectStorage(url, **s3.storage_options())
+    storage.names()  # obstore has run in this process
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_list_in_child, args=(storage, results))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert "multiprocessing_context='spawn'" in results.get(timeout=5)
+
+
+def test_block_cache_checks_its_options_and_ranges(remote, s3):
+    _, url = remote
+    options = s3.storage_options()
+    for key, value, message in (("block_size", 12, "multiple of 8"),
+                                ("block_size", 0, "block_size must be an int >= 8"),
+                                ("cache_bytes", -1, "cache_bytes must be an int >= 0"),
+                                ("cache_dir_bytes", 1.5, "cache_dir_bytes must be an int")):
+        with pytest.raises(ValueError, match=message):
+            ObjectStorage(url, **{key: value}, **options)
+    storage = ObjectStorage(url, block_size=64, cache_bytes=0, **options)
+    with pytest.raises(ValueError, match=f"bytes 2990-3010 are outside {url}/b.bin"):
+        storage.blocks.read([("b.bin", 2990, 3010)])
+    assert [len(b) for b in storage.blocks.read([("b.bin", 0, 0), ("b.bin", 63, 129)])] == [0, 66]
+    assert storage.blocks._held == 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from zerobatch import FormatError, StorageError
 from zerobatch.cli import main
@@ -130,3 +132,109 @@ def test_corrupt_and_truncated_remote_shards(pair, s3):
         open_dataset(bad, storage_options=options)
     with pytest.raises(FileNotFoundError, match=f"{bad}-none/manifest.json"):
         open_dataset(f"{bad}-none", storage_options=options)
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), block=st.sampled_from([8, 24, 64, 4096]),
+       columns=st.sampled_from([None, ("input_ids", "position_ids"), ("doc_ids", "metadata")]))
+def test_index_blocks_of_any_size_give_local_batches(pair, s3, seed, block, columns):
+    local, url = pair
+    options = {**s3.storage_options(), "block_size": block, "cache_bytes": 4 * block}
+    with open_dataset(local) as a, open_dataset(url, storage_options=options) as b:
+        rng = np.random.default_rng(seed)
+        wa, wb = a.windows(97, columns=columns), b.windows(97, columns=columns)
+        idx = rng.integers(0, len(wa), 12)
+        _same(wa.read(idx), wb.read(idx))
+        da, db = a.documents(max_len=50), b.documents(max_len=50)
+        idx = rng.integers(0, len(da), 9)
+        _same(da.read(idx), db.read(idx))
+        assert b._storage.blocks._held <= 4 * block
+
+
+@pytest.fixture(scope="module")
+def many_documents(s3, tmp_path_factory):
+    """One shard of 20,000 documents (a 160 kB offsets file), local and on S3."""
+    local = tmp_path_factory.mktemp("docs") / "local"
+    url = s3.url("docs")
+    for location, options in ((local, {}), (url, {"storage_options": s3.storage_options()})):
+        rng = np.random.default_rng(3)
+        with StreamWriter(location, **options) as writer:
+            for _ in range(20_000):
+                writer.add_document(rng.integers(0, 1000, int(rng.integers(1, 6))))
+    return local, url
+
+
+def test_offsets_are_read_by_block_never_whole(many_documents, s3, monkeypatch):
+    local, url = many_documents
+    mapped = []
+    original = ObjectStorage.map
+    monkeypatch.setattr(ObjectStorage, "map", lambda self, name: (
+        mapped.append(name), original(self, name))[1])
+    options = {**s3.storage_options(), "block_size": 1024}
+    with open_dataset(local) as a, open_dataset(url, storage_options=options) as b:
+        size = b._storage.size("00000.docs")
+        idx = np.random.default_rng(0).integers(0, len(a.windows(64)), 8)
+        _same(a.windows(64).read(idx), b.windows(64).read(idx))
+        docs = np.random.default_rng(1).integers(0, len(a.documents()), 8)
+        _same(a.documents().read(docs), b.documents().read(docs))
+        held = sum(block.size for (name, _), block in b._storage.blocks._blocks.items()
+                   if name == "00000.docs")
+    assert mapped == ["manifest.json"]
+    assert 0 < held <= 16 * 2 * 1024 < size / 4
+
+
+def _docs_gets(proxy):
+    return [r for r in proxy.requests if r[0] == "GET" and r[1].endswith(".docs")]
+
+
+def test_cache_dir_keeps_blocks_across_runs(many_documents, s3, s3_proxy, tmp_path):
+    local, url = many_documents
+    options = {**s3.storage_options(s3_proxy.endpoint), "block_size": 512,
+               "cache_dir": tmp_path / "cache"}
+    idx = np.random.default_rng(5).integers(0, 20_000, 16)
+    with open_dataset(local) as a:
+        expected = a.documents().read(idx)
+    runs = []
+    for _ in range(2):
+        s3_proxy.reset_counts()
+        with open_dataset(url, storage_options=options) as b:
+            _same(expected, b.documents().read(idx))
+        runs.append(len(_docs_gets(s3_proxy)))
+    assert runs[0] > 0 and runs[1] == 0
+    files = sorted((tmp_path / "cache").glob("*/*.block"))
+    assert files and not list((tmp_path / "cache").glob("*/.*"))  # no temporaries left
+    files[0].write_bytes(files[0].read_bytes()[:-1])  # truncated: fetched again
+    files[1].write_bytes(b"\0" * files[1].stat().st_size)  # same size, bad checksum
+    s3_proxy.reset_counts()
+    with open_dataset(url, storage_options=options) as b:
+        _same(expected, b.documents().read(idx))
+    assert len(_docs_gets(s3_proxy)) >= 1
+
+
+def test_cache_dir_stays_within_its_budget(many_documents, s3, tmp_path):
+    _, url = many_documents
+    budget = 20 * (256 + 8)
+    options = {**s3.storage_options(), "block_size": 256, "cache_dir": tmp_path,
+               "cache_dir_bytes": budget}
+    with open_dataset(url, storage_options=options) as b:
+        for seed in range(4):
+            b.documents().read(np.random.default_rng(seed).integers(0, 20_000, 32))
+    total = sum(path.stat().st_size for path in tmp_path.glob("*/*.block"))
+    assert 0 < total <= budget
+
+
+def test_faults_on_the_index_blocks(pair, s3, s3_proxy):
+    local, url = pair
+    options = {**s3.storage_options(s3_proxy.endpoint, retries=8), "block_size": 16}
+    with open_dataset(local) as a, s3_proxy.faults(0.2, delay=0.01), \
+            open_dataset(url, storage_options=options) as b:
+        for seed in range(3):
+            idx = np.random.default_rng(seed).integers(0, len(a.documents()), 6)
+            _same(a.documents().read(idx), b.documents().read(idx))
+    options = {**s3.storage_options(s3_proxy.endpoint, retries=2, budget=3.0),
+               "block_size": 16}
+    with open_dataset(url, storage_options=options) as b, \
+            s3_proxy.faults(1.0, kinds=("503", "reset")), \
+            pytest.raises(StorageError, match=f"{url}/0000[0-9].docs"):
+        b.documents().read(np.arange(4))

@@ -129,3 +129,19 @@ def test_stateful_bad_states(windows):
         steps.load_state_dict(state)
     with pytest.raises(ValueError, match="not a LoaderDataset iterator state"):
         steps.load_state_dict({"version": 99})
+
+def test_spawned_workers_over_s3(s3):
+    url = s3.url("adapter")
+    options = s3.storage_options()
+    rng = np.random.default_rng(4)
+    with StreamWriter(url, storage_options=options) as writer:
+        for _ in range(60):
+            writer.add_document(rng.integers(0, 500, size=int(rng.integers(3, 40))))
+    windows = open_dataset(url, storage_options={**options, "block_size": 64}).windows(8)
+    expected = [b["position_ids"] for b in Loader(windows, 4, seed=5)]
+    data = torch.utils.data.DataLoader(LoaderDataset(Loader(windows, 4, seed=5)),
+                                       batch_size=None, num_workers=2,
+                                       multiprocessing_context="spawn")
+    got = [b["position_ids"] for b in data]
+    assert len(got) == len(expected) > 2
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))

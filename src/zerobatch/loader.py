@@ -235,6 +235,13 @@ class Loader:
         # the current pass's threads: close() joins them even after the pass was dropped
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickles with its source, plan and position (for ``spawn`` workers),
+        without its running iterator."""
+        state = dict(self.__dict__)
+        state["_iterator"] = None
+        return state
+
     @property
     def plan(self) -> Plan:
         """The plan: order, steps and ranks."""

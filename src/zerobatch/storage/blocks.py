@@ -161,8 +161,9 @@ class BlockCache:
         lengths = np.array([self._length(key) for key in keys], dtype=np.int64)
         handles = np.array([storage.open(name) for name, _ in keys], dtype=np.int64)
         offsets = np.array([block * self._block_size for _, block in keys], dtype=np.int64)
-        destinations = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        buffer = np.empty(int(lengths.sum()), dtype=np.uint8)
+        padded = -(-lengths // 8) * 8  # every block 8-byte aligned: offsets view as uint64
+        destinations = np.concatenate([[0], np.cumsum(padded)[:-1]]).astype(np.int64)
+        buffer = np.empty(int(padded.sum()), dtype=np.uint8)
         short = storage.read_into(handles, offsets, lengths, buffer, destinations)
         if short >= 0:
             name = keys[short][0]
@@ -188,15 +189,17 @@ class BlockCache:
         if path is None:
             return None
         length = self._length(key)
+        data = np.empty(length + _CHECKSUM + 1, dtype=np.uint8)  # aligned, unlike bytes
         try:
             with open(path, "rb") as file:
-                data = file.read(length + _CHECKSUM + 1)
+                got = file.readinto(data.data)
         except OSError:
             return None
-        if len(data) != length + _CHECKSUM or xxhash.xxh3_64_intdigest(
-                data[:length]) != int.from_bytes(data[length:], "little"):
+        if got != length + _CHECKSUM or xxhash.xxh3_64_intdigest(
+                data[:length].data) != int.from_bytes(data[length:got].tobytes(), "little"):
             return None
-        block = np.frombuffer(data, dtype=np.uint8)[:length]
+        block = data[:length]
+        block.setflags(write=False)
         return block
 
     def _store(self, key: tuple[str, int], block: npt.NDArray[np.uint8]) -> None:
@@ -206,7 +209,7 @@ class BlockCache:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        checksum = xxhash.xxh3_64_intdigest(block).to_bytes(_CHECKSUM, "little")
+        checksum = xxhash.xxh3_64_intdigest(block.data).to_bytes(_CHECKSUM, "little")
         with open(temporary, "wb") as file:
             file.write(block.data)
             file.write(checksum)

@@ -22,6 +22,7 @@ comes back short.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import os
 import threading
@@ -200,6 +201,7 @@ class LocalStorage:
     Handles are small ints, one per opened file. Thread-safe: files are opened
     under a lock; reads share nothing mutable. ``close()`` is idempotent;
     reads after it raise ``OSError`` (a read already running finishes first).
+    Pickles as its root and method (the copy opens its files again).
     """
 
     def __init__(
@@ -220,6 +222,10 @@ class LocalStorage:
 
     def __repr__(self) -> str:
         return f"LocalStorage({str(self._root)!r}, method={self._method!r})"
+
+    def __reduce__(self) -> tuple[Any, tuple[Path]]:
+        """Pickles as its root and method; the copy opens its files again."""
+        return functools.partial(LocalStorage, method=self._method), (self._root,)
 
     def size(self, name: str) -> int:
         """The size of ``name`` in bytes."""
