@@ -8,7 +8,11 @@ map-style PyTorch ``Dataset`` of the same windows through a ``DataLoader``
 (main process; inputs and labels only, no positions). Two more
 datasets carry one metadata span every 64 tokens (msgpack), valued either a
 list of two concept ids or one id; their rates are compared with the plain
-dataset's int64 rate. A batch's span values are decoded when first used, so
+dataset's int64 rate; the one-id dataset is read in format version 2 (the
+writer's) and, as ``version 1``, the same files with the manifest set to
+version 1 and no ``meta.spans`` (its spans never overlap, so its ``meta_id``
+column is the same in both): the two metadata read paths on the same bytes.
+A batch's span values are decoded when first used, so
 rows marked ``all tuples`` also build every ``(start, end, value)`` of every
 window: what a consumer that touches every span pays. zerobatch rows read
 through ``LocalStorage``'s default ``pread``; rows marked ``mmap`` copy tokens
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import shutil
 import tempfile
 import time
@@ -57,6 +62,19 @@ def _write(path: Path, tokens: int, *, values: str | None, shard_tokens: int) ->
                 spans = [(a, b, _value(values, i, a))
                          for a, b in itertools.pairwise([*range(0, n, SPAN), n])]
             writer.add_document(data[starts[i] : starts[i] + n], spans=spans)
+
+
+def _as_version_1(path: Path, target: Path) -> Path:
+    """A copy of ``path`` (non-overlapping spans, no document metadata) in the
+    version-1 layout: the same files but ``meta.spans``, manifest version 1."""
+    shutil.copytree(path, target)
+    manifest = json.loads((target / "manifest.json").read_text())
+    manifest["version"] = 1
+    for shard in manifest["shards"]:
+        del shard["files"]["meta.spans"]
+        (target / f"{shard['name']}.meta.spans").unlink()
+    (target / "manifest.json").write_text(json.dumps(manifest))
+    return target
 
 
 def _warm(path: Path) -> int:
@@ -163,7 +181,8 @@ def main() -> None:
         _write(plain, args.tokens, values=None, shard_tokens=2 * args.tokens)
         _write(ids, args.tokens // 3, values="ids", shard_tokens=1 << 24)
         _write(one, args.tokens // 3, values="id", shard_tokens=1 << 24)
-        sizes = [_warm(p) >> 20 for p in (plain, ids, one)]
+        one_v1 = _as_version_1(one, root / "one-v1")
+        sizes = [_warm(p) >> 20 for p in (plain, ids, one, one_v1)]
         rates = _best_rates({
             "zerobatch int64": _reader(plain),
             "zerobatch stored": _reader(plain, "stored"),
@@ -172,8 +191,10 @@ def main() -> None:
             **_baselines(plain),
             "zerobatch int64, spans [id, id]": _reader(ids),
             "zerobatch int64, spans id": _reader(one),
+            "zerobatch int64, spans id, version 1": _reader(one_v1),
             "zerobatch int64, spans id, mmap": _reader(one, method="mmap"),
             "zerobatch int64, spans id, all tuples": _reader(one, tuples=True),
+            "zerobatch int64, spans id, all tuples, version 1": _reader(one_v1, tuples=True),
             "zerobatch int64, spans [id, id], all tuples": _reader(ids, tuples=True),
         }, args.seconds)
     finally:
