@@ -161,10 +161,12 @@ def test_spans_map_to_the_tokens_that_cover_them(
 ) -> None:
     text, spans = case
     hf = Tokenizer.from_file(str(tokenizer_file))
-    for encoder in (ByteEncoder(), HFEncoder(str(tokenizer_file), "t", None)):
+    for encoder in (ByteEncoder(), HFEncoder(hf, "t", None)):
         (enc,) = encoder.encode([text])
         if isinstance(encoder, HFEncoder):
             assert enc.ids.tolist() == hf.encode(text).ids
+        (fast,) = encoder.encode([text], offsets=False)  # encode_batch_fast for HF
+        assert fast.ids.tolist() == enc.ids.tolist() and fast.starts.size == 0
         mapped = {v: (a, b) for a, b, v in map_spans(spans, enc)}
         for start, end, value in spans:
             covering = [i for i in range(len(enc.ids))

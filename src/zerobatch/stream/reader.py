@@ -344,10 +344,12 @@ class Dataset:
 
     def _metadata(
         self, meta_ids: np.ndarray, pieces: npt.NDArray[np.int64],
-        obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64],
+        obs_begin: npt.NDArray[np.int64], obs_len: npt.NDArray[np.int64], *,
+        documents: bool = True,
     ) -> tuple[list[Spans], list[Spans] | None]:
         """Per observation, the ``(start, end, value)`` of each entry it
-        overlaps, and (version 2) of the documents' own metadata among them.
+        overlaps, and (version 2, when ``documents``) of the documents' own
+        metadata among them (else None).
 
         One kernel finds the entries and copies their bytes (from the mapped
         index and data files); see ``_spans``.
@@ -366,6 +368,8 @@ class Dataset:
         )
         self._check(code, shard)
         table = self._spans(starts, ends, *rest)
+        if not documents:
+            return table.observations(), None
         return table.observations(), _documents_table(table, kinds).observations()
 
     def _spans(
@@ -667,7 +671,8 @@ class TokenWindows:
             ds._check(code, int(view.shards[shard]) if code else shard)
             if self._want_metadata or self._want_documents:
                 b_count = tokens.shape[0]
-                every, documents = ds._metadata(meta_ids, pieces, *self._bounds(b_count))
+                every, documents = ds._metadata(meta_ids, pieces, *self._bounds(b_count),
+                                                documents=self._want_documents)
                 if self._want_metadata:
                     metadata["metadata"] = every
                 if self._want_documents and documents is not None:
