@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -238,3 +240,27 @@ def test_faults_on_the_index_blocks(pair, s3, s3_proxy):
             s3_proxy.faults(1.0, kinds=("503", "reset")), \
             pytest.raises(StorageError, match=f"{url}/0000[0-9].docs"):
         b.documents().read(np.arange(4))
+
+
+V1_DATASET = Path(__file__).parent / "data" / "stream-v1-metadata"
+
+
+@pytest.mark.parametrize("block", [8, 40, 1 << 14])
+def test_version_1_metadata_by_range_matches_local(s3, block):
+    url = s3.url("v1")
+    options = s3.storage_options()
+    store = ObjectStorage(url, **options)
+    for path in sorted(V1_DATASET.iterdir()):
+        store.put(path.name, path.read_bytes())
+    with open_dataset(V1_DATASET) as a, \
+            open_dataset(url, storage_options={**options, "block_size": block}) as b:
+        assert not b.manifest.has_spans_table and b.has_metadata
+        rng = np.random.default_rng(block)
+        for seq_len in (2, 5, 11):
+            wa, wb = a.windows(seq_len), b.windows(seq_len)
+            idx = rng.integers(0, len(wa), 10)
+            _same(wa.read(idx), wb.read(idx))
+        idx = rng.integers(0, len(a.documents()), 7)
+        _same(a.documents().read(idx), b.documents().read(idx))
+        index_blocks = {name for name, _ in b._storage.blocks._blocks}
+    assert {"00000.meta.index", "00000.meta.data"} & index_blocks or block > 1000
