@@ -36,6 +36,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from zerobatch.storage.protocol import byte_view, check_buffer
+
 __all__ = ["LocalStorage", "check_status", "prefetch_request", "read_request"]
 
 _memcpy: Any = types.ExternalFunction(
@@ -262,8 +264,7 @@ class LocalStorage:
         destinations: npt.NDArray[np.int64],
     ) -> int:
         """Run all requests in one GIL-free loop; -1, or the first short request."""
-        if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
-            raise ValueError("buffer must be a C-contiguous uint8 vector")
+        check_buffer(buffer)
         files, use_pread = self.files()  # holds the mappings alive until the copies are done
         short, status = _read_all(handles, offsets, lengths, buffer, destinations,
                                   files.fds, files.addresses, files.sizes, use_pread)
@@ -283,7 +284,7 @@ class LocalStorage:
         descriptors = self._files.descriptors
         if not 0 <= handle < len(descriptors):
             raise OSError(f"handle {handle} is not open")
-        view = (buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)).cast("B")
+        view = byte_view(buffer)
         done = 0
         while done < len(view):
             got = os.preadv(descriptors[handle], [view[done:]], offset + done)

@@ -40,6 +40,7 @@ import numpy.typing as npt
 
 from zerobatch.errors import StorageError
 from zerobatch.storage.blocks import BLOCK_SIZE, CACHE_BYTES, CACHE_DIR_BYTES, BlockCache
+from zerobatch.storage.protocol import byte_view, check_buffer
 from zerobatch.storage.url import OBJECT_SCHEMES
 
 __all__ = ["COALESCE", "CREDENTIAL_VARIABLES", "ObjectStorage"]
@@ -344,8 +345,7 @@ class ObjectStorage:
     ) -> int:
         """Run all requests, every object's ranges in flight at once; -1, or the
         first request past the end of its object (nothing is read then)."""
-        if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
-            raise ValueError("buffer must be a C-contiguous uint8 vector")
+        check_buffer(buffer)
         n = int(handles.shape[0])
         if n == 0:
             return -1
@@ -383,7 +383,7 @@ class ObjectStorage:
     ) -> int:
         """One range GET of up to ``len(buffer)`` bytes at ``offset``; returns bytes read."""
         name = self._name(handle)
-        view = (buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)).cast("B")
+        view = byte_view(buffer)
         end = min(offset + len(view), self._sizes[handle])
         if end <= offset:
             return 0

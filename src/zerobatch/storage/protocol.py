@@ -7,7 +7,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Storage"]
+__all__ = ["Storage", "byte_view", "check_buffer"]
 
 
 class Storage(Protocol):
@@ -54,3 +54,15 @@ class Storage(Protocol):
     def close(self) -> None:
         """Release every handle; idempotent. Reads after ``close`` fail."""
         ...
+
+
+def check_buffer(buffer: np.ndarray) -> None:
+    """``ValueError`` unless ``buffer`` is what ``read_into`` writes into: a
+    C-contiguous uint8 vector."""
+    if buffer.dtype != np.uint8 or buffer.ndim != 1 or not buffer.flags.c_contiguous:
+        raise ValueError("buffer must be a C-contiguous uint8 vector")
+
+
+def byte_view(buffer: bytearray | memoryview | np.ndarray) -> memoryview:
+    """The bytes of ``buffer`` (what ``readinto`` fills) as a flat writable view."""
+    return (buffer.data if isinstance(buffer, np.ndarray) else memoryview(buffer)).cast("B")

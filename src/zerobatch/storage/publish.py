@@ -62,16 +62,13 @@ def fsync_folder(folder: Path) -> None:
         os.close(descriptor)
 
 
-class AtomicFile:
-    """A file written under a temporary name and renamed over ``path`` by
-    ``commit()``; ``abort()`` removes it. The digest covers the bytes given to
-    ``write``; bytes written through ``fileno()`` (``pwrite``) count in the
-    size only."""
+class _HashedFile:
+    """A local file being written at ``written``, with the size and XXH3-64 of
+    what ``write`` was given; the base of both publishers' files."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
-        self._file = open(self.tmp, "wb")  # noqa: SIM115 - closed in commit/abort
+    def __init__(self, written: Path) -> None:
+        self._written = written
+        self._file = open(written, "wb")  # noqa: SIM115 - closed in commit/abort
         self._hash = xxhash.xxh3_64()
         self.size = 0
 
@@ -81,6 +78,23 @@ class AtomicFile:
         self._file.write(raw)
         self._hash.update(raw)
         self.size += len(memoryview(raw).cast("B"))
+
+    def abort(self) -> None:
+        """Close and remove the file written; the target is untouched."""
+        self._file.close()
+        self._written.unlink(missing_ok=True)
+
+
+class AtomicFile(_HashedFile):
+    """A file written under a temporary name and renamed over ``path`` by
+    ``commit()``; ``abort()`` removes it. The digest covers the bytes given to
+    ``write``; bytes written through ``fileno()`` (``pwrite``) count in the
+    size only."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        super().__init__(self.tmp)
 
     def fileno(self) -> int:
         """The temporary file's descriptor, for positioned writes."""
@@ -99,11 +113,6 @@ class AtomicFile:
         os.replace(self.tmp, self.path)
         fsync_folder(self.path.parent)
         return result
-
-    def abort(self) -> None:
-        """Close and remove the temporary file; the target is untouched."""
-        self._file.close()
-        self.tmp.unlink(missing_ok=True)
 
 
 class Publisher(Protocol):
@@ -195,32 +204,20 @@ class LocalPublisher:
             self._lock = None
 
 
-class StagedFile:
+class StagedFile(_HashedFile):
     """A file staged on local disk and uploaded by ``commit()`` (in the background)."""
 
     def __init__(self, owner: ObjectPublisher, name: str) -> None:
         self._owner = owner
         self.name = name
         self.path = owner.staging / name
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in commit/abort
-        self._hash = xxhash.xxh3_64()
-        self.size = 0
-
-    def write(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
-        raw = data.view(np.uint8).data if isinstance(data, np.ndarray) else data
-        self._file.write(raw)
-        self._hash.update(raw)
-        self.size += len(memoryview(raw).cast("B"))
+        super().__init__(self.path)
 
     def commit(self) -> tuple[int, str]:
         """Close and start the upload; returns (bytes, xxh3-64 hex) at once."""
         self._file.close()
         self._owner._upload(self.name, self.path)
         return self.size, self._hash.hexdigest()
-
-    def abort(self) -> None:
-        self._file.close()
-        self.path.unlink(missing_ok=True)
 
 
 class ObjectPublisher:
