@@ -364,8 +364,9 @@ def test_bad_input(windows):
         Loader(ds.windows(8), 2, seed=1).load_state_dict(state)
 
 
-def _child(folder: Path, log: Path, checkpoint: Path) -> None:
-    """Iterate one epoch; log each batch's indices; save (state, log length) every 3 steps."""
+def _child(folder: Path, log: Path, checkpoint: Path, kill_at: int | None) -> None:
+    """Iterate one epoch; log each batch's indices; save (state, log length) every 3 steps;
+    SIGKILL itself once the log has ``kill_at`` lines (reader threads mid-flight)."""
     loader = Loader(open_dataset(folder).windows(16), 4, seed=11, prefetch=3, num_threads=2,
                     output="batch")
     lines = 0
@@ -380,6 +381,8 @@ def _child(folder: Path, log: Path, checkpoint: Path) -> None:
             file.write(" ".join(map(str, batch.meta.global_indexes)) + "\n")
             file.flush()
             lines += 1
+            if lines == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
             if step % 3 == 0:
                 tmp = checkpoint.with_suffix(".tmp")
                 tmp.write_text(json.dumps({"state": loader.state_dict(), "lines": lines}))
@@ -396,18 +399,16 @@ def test_kill_and_resume_equals_one_epoch(corpus, tmp_path):
     rng = random.Random(0)
     kills = 0
     while not (tmp_path / "done").exists():
-        child = context.Process(target=_child, args=(corpus, log, checkpoint))
-        child.start()
         saved = json.loads(checkpoint.read_text())["lines"] if checkpoint.exists() else 0
         target = saved + rng.randrange(1, 8) if kills < 20 else None  # a random point ahead
-        while target is not None and child.is_alive():
-            if log.exists() and log.read_text().count("\n") >= target:
-                child.kill()  # SIGKILL
-                kills += 1
-                break
-            time.sleep(0.001)
+        child = context.Process(target=_child, args=(corpus, log, checkpoint, target))
+        child.start()
         child.join(60)
         assert child.exitcode is not None
+        if child.exitcode == -signal.SIGKILL:
+            kills += 1
+        else:
+            assert child.exitcode == 0
     got = [[int(x) for x in line.split()] for line in log.read_text().splitlines()]
     assert kills == 20
     assert got == expected
