@@ -18,6 +18,12 @@ page cache): ~42 us per batch with ``pread``, ~16 us with ``mmap``.
 
 A file is checked against the size it had when opened: a read past that size
 comes back short.
+
+Kernels of other modules may read without a buffer of their own: ``files()``
+gives the open files as arrays, ``read_request`` reads one request by the
+storage's method, and ``prefetch_request`` starts loading a mapped request
+into the CPU caches (issued one read ahead, it hides the memory latency of
+shuffled reads).
 """
 
 from __future__ import annotations

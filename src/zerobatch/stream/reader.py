@@ -4,7 +4,9 @@
 random-access sources over it (``len(src)``, ``src.read(indices) -> Batch``).
 A batch is planned by Numba kernels, read with one ``Storage.read_into`` call
 into one recycled buffer, and decoded without a Python loop per sample: one
-GIL-free pass writes every token column of a window batch. Span metadata comes
+GIL-free pass writes every token column of a window batch. Cast token columns
+of a tokens-only dataset on local files skip the buffer: one kernel call
+plans, reads each window into a row that stays in the L1 cache and casts it. Span metadata comes
 from the mapped index and data files in one more kernel call; its values are
 Python objects, decoded in one call per batch when first used (``Spans``).
 
@@ -427,7 +429,9 @@ class TokenWindows:
     any order; the batch holds them in the order above. Only what is asked for
     costs time: without ``position_ids``, ``cu_seqlens`` and ``doc_ids`` the
     document offsets are never read, and ``("input_ids", "labels")`` is one
-    read and one cast per batch. ``src.columns`` lists them.
+    read and one cast per batch (on local files, with ``input_ids``,
+    ``labels`` and ``position_ids`` only and no per-token fields, one kernel
+    call that casts each window as it is read). ``src.columns`` lists them.
 
     ``dtype`` sets the token columns: ``"int64"`` (default), ``"int32"``, or
     ``"stored"`` (``input_ids`` and ``labels`` are then overlapping views of
