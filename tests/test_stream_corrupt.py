@@ -225,3 +225,44 @@ def test_flipped_bytes_never_crash(tmp_path_factory: pytest.TempPathFactory, suf
     except FormatError as error:
         assert error.path is not None and error.field is not None
     assert isinstance(stream.verify(path), list)
+
+
+class _Forwarding:
+    """Any storage but LocalStorage: readers take the records path."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def _positions_or_error(ds: stream.Dataset) -> object:
+    windows = ds.windows(8, columns=("input_ids", "labels", "position_ids"))
+    try:
+        batch = windows.read(np.arange(len(windows)))
+    except FormatError as error:
+        return type(error), str(error), error.field
+    return [batch[name].tolist() for name in batch.fields]
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+@pytest.mark.parametrize(("position", "value"), [(3, 0), (3, 10**9), (-1, 5), (-2, 2**63),
+                                                 (2, 0)])
+def test_document_offsets_direct_read(tmp_path: Path, method: str, position: int,
+                                      value: int) -> None:
+    """The direct read of a tokens-only dataset gives what the records path
+    gives on corrupt offsets: the same error, or the same (wrong but in-range)
+    positions where reading positions alone cannot tell (``verify`` does)."""
+    from zerobatch.storage import LocalStorage
+
+    corpus = random_corpus(np.random.default_rng(8), docs=12, max_len=30)
+    path = write(tmp_path / "ds", corpus, metadata=None, mask=False, shard_tokens=1000)
+    _poke(path / "00000.docs", "<u8", position, value)
+    local = LocalStorage(path, method=method)  # type: ignore[arg-type]
+    direct = _positions_or_error(stream.open_dataset(path, storage=local))
+    records = _positions_or_error(stream.open_dataset(path, storage=_Forwarding(local)))  # type: ignore[arg-type]
+    assert direct == records
+    if position in (-1, 2):  # the file's last offset; a search that finds no document
+        assert direct[0] is FormatError and "00000.docs" in direct[1]  # type: ignore[index]
+    assert stream.verify(path)
