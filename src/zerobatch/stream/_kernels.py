@@ -300,18 +300,19 @@ def _first_documents(
     lo = np.zeros(count, np.int64)
     hi = np.zeros(count, np.int64)
     tables = np.zeros(count, np.int64)  # addresses: a typed list's item costs ~14 ns
+    strides = np.zeros(count, np.int64)
     for p in range(count):
         if min(pieces[p, LENGTH], seq_len - (pieces[p, DEST] - pieces[p, OBS] * n)) > 0:
             table = docs[pieces[p, SHARD]]
             hi[p] = table.shape[0]
-            tables[p] = table.ctypes.data
+            tables[p], strides[p] = table.ctypes.data, table.strides[0]
     searching = True
     while searching:
         searching = False
         for p in range(count):
             if lo[p] < hi[p]:  # so 0 <= middle < len(table)
                 middle = (lo[p] + hi[p]) >> 1
-                if _load_u64(tables[p] + 8 * middle) <= np.uint64(pieces[p, START]):
+                if _load_u64(tables[p] + strides[p] * middle) <= np.uint64(pieces[p, START]):
                     lo[p] = middle + 1
                 else:
                     hi[p] = middle
