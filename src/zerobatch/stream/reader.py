@@ -605,8 +605,11 @@ class TokenWindows:
         inputs = planes[0] if self._want_inputs else self._no_rows
         labels = planes[int(self._want_inputs)] if self._want_labels else self._no_rows
         row = np.empty(n, self._record_dtype)
-        plan = (idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles, row)
         while True:
+            # Handles before the file table: a handle another thread sets is in
+            # every table taken after it (tables only grow).
+            plan = (idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles.copy(),
+                    row)
             files, use_pread = local.files()  # keeps the mappings alive until the kernel returns
             if self._want_positions:
                 bad, closed, failed, status, code, shard = k.read_window_positions(
