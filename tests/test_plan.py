@@ -109,3 +109,22 @@ def test_bad_arguments():
         Plan(10, 4).indices(0, 8, 0)
     with pytest.raises(TypeError, match="length"):
         Plan(1.5, 1)  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None)
+@given(length=st.integers(1, 2**63), world=st.integers(1, 64), batch=st.integers(1, 40),
+       seed=st.integers(0, 2**64 - 1), block_size=st.one_of(st.none(), st.integers(1, 50)),
+       shuffle=st.booleans(), data=st.data())
+def test_indices_are_the_order_at_the_rank_positions(length, world, batch, seed, block_size,
+                                                     shuffle, data):
+    plan = Plan(length, batch, world_size=world, seed=seed, drop_last=False,
+                block_size=block_size, shuffle=shuffle)
+    consumed = data.draw(st.integers(0, length - 1))
+    rank = data.draw(st.integers(0, world - 1))
+    indices, padding = plan.indices(2, consumed, rank)
+    positions = [consumed + rank + world * k for k in range(batch)]
+    order = plan.order(2)
+    wrapped = [p % length for p in positions]
+    assert indices.dtype == np.int64
+    assert indices.tolist() == (wrapped if order is None else [order(p) for p in wrapped])
+    assert padding.tolist() == [p >= length for p in positions]

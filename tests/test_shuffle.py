@@ -181,3 +181,14 @@ def test_block_shuffle_orders_blocks_differently_per_seed() -> None:
     assert BlockShuffle(10, 4, 1)(5) == int(BlockShuffle(10, 4, 1)(np.array([5]))[0])
     with pytest.raises(IndexError):
         BlockShuffle(10, 4, 1)(10)
+
+
+@given(n=st.integers(1, MAX_LENGTH), seed=SEEDS, data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_strided_wraps_positions_past_the_end(n: int, seed: int, data: st.DataObject) -> None:
+    start = data.draw(st.integers(0, n + 64))
+    count, step = data.draw(st.integers(0, 40)), data.draw(st.integers(1, 64))
+    p = Feistel(n, seed)
+    positions = [(start + step * i) % n for i in range(count)]
+    expected = [p(value) for value in positions]
+    assert p.strided(start, count, step).tolist() == expected

@@ -176,13 +176,17 @@ class Plan:
         if self.steps(consumed) == 0:
             raise ValueError(f"epoch has no step left at position {consumed} "
                              f"(length={self.length}, step_size={self.step_size})")
-        positions = self.positions(consumed, rank)
-        padding = positions >= self.length
-        if padding.any():
-            positions = positions % self.length
+        first = int(consumed) + self.check_rank(rank)
+        count, stride, length = self.batch_size, self.world_size, int(self.length)
+        padding = np.zeros(count, dtype=np.bool_)
+        padding[max(0, -(-(length - first) // stride)):] = True  # positions >= length
         order = self.order(epoch)
-        indices = positions if order is None else order(positions)
-        return np.asarray(indices, dtype=np.int64), padding
+        if isinstance(order, Feistel):
+            return order.strided(first, count, stride), padding
+        steps = np.arange(count, dtype=np.uint64)  # unsigned: first may pass 2**63 - 1
+        wrapped = (np.uint64(first) + np.uint64(stride) * steps) % np.uint64(length)
+        positions = wrapped.astype(np.int64)
+        return (positions if order is None else order(positions)), padding
 
 
 class Position:
