@@ -412,3 +412,20 @@ def test_kill_and_resume_equals_one_epoch(corpus, tmp_path):
     got = [[int(x) for x in line.split()] for line in log.read_text().splitlines()]
     assert kills == 20
     assert got == expected
+
+
+class _Uneven(_Squares):
+    """Reads whose cost varies with the indices, so threads finish out of order."""
+
+    def read(self, indices):
+        np.linalg.eigvalsh(np.eye(1 + int(indices[0]) % 7 * 12))
+        return super().read(indices)
+
+
+@pytest.mark.parametrize(("prefetch", "threads"), [(1, 3), (2, 3), (3, 2)])
+def test_threads_finishing_out_of_order_keep_the_sequence(prefetch, threads):
+    expected = [b["x"].tolist() for b in Loader(_Uneven(300), 5, seed=2, num_threads=0,
+                                                 output="numpy", epochs=2)]
+    with Loader(_Uneven(300), 5, seed=2, prefetch=prefetch, num_threads=threads,
+                output="numpy", epochs=2) as loader:
+        assert [b["x"].tolist() for b in loader] == expected

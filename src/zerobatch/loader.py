@@ -25,11 +25,10 @@ with another ``world_size``, ``batch_size``, ``prefetch`` or ``num_threads``.
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import logging
 import os
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -233,7 +232,7 @@ class Loader:
         self._convert: Callable[[Batch], Any] | None = None
         self._iterator: weakref.ref[_Iterator] | None = None  # weak: no cycle, no leak
         # the current pass's threads: close() joins them even after the pass was dropped
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._threads: _Readers | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles with its source, plan and position (for ``spawn`` workers),
@@ -358,7 +357,7 @@ class Loader:
             iterator.close()
         self._iterator = None
         if self._threads is not None:
-            _shutdown(self._threads, True)
+            self._threads.stop(wait=True)
             self._threads = None
 
     def close(self) -> None:
@@ -378,34 +377,104 @@ def _same(batch: Batch) -> Batch:
     return batch
 
 
-def _shutdown(executor: concurrent.futures.ThreadPoolExecutor, wait: bool) -> None:
-    executor.shutdown(wait=wait, cancel_futures=True)
+_Outcome = tuple[tuple[int, int], Any, BaseException | None]  # (step, item, error)
+
+
+class _Readers:
+    """``threads`` reader threads that produce a pass's steps into ``prefetch``
+    ordered slots.
+
+    Steps are claimed in order: the thread that claims step ``seq`` first waits
+    until slot ``seq % prefetch`` is empty (the caller took step ``seq -
+    prefetch``). It produces the step outside the claim, stores the outcome in
+    the slot and releases the slot's ``filled`` lock; the caller acquires the
+    ``filled`` locks in order and releases the slot's ``empty`` lock. A handoff
+    is two lock releases and two acquires, and at most ``prefetch`` steps wait
+    to be taken. The threads
+    hold this object, never the iterator, so a dropped pass's finalizer can stop
+    them.
+    """
+
+    def __init__(self, produce: Callable[..., Any], steps: Iterator[tuple[int, int]],
+                 prefetch: int, threads: int) -> None:
+        self._produce = produce
+        self._steps = steps
+        self._claim = threading.Lock()  # guards _steps, _claimed, _ended
+        self._empty = [threading.Lock() for _ in range(prefetch)]  # held while full
+        self._filled = [threading.Lock() for _ in range(prefetch)]  # held while empty
+        for lock in self._filled:
+            lock.acquire()
+        self._slots: list[_Outcome | None] = [None] * prefetch
+        self._claimed = 0
+        self._taken = 0
+        self._ended = False
+        self._stopped = False
+        self._threads = [threading.Thread(target=self._run, name=f"zerobatch-loader-{i}",
+                                          daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._claim:  # steps are claimed in order, each once its slot is empty
+                if self._stopped or self._ended:
+                    return
+                slot = self._claimed % len(self._slots)
+                self._empty[slot].acquire()
+                if self._stopped:
+                    return
+                self._claimed += 1
+                step = next(self._steps, None)
+                self._ended = step is None
+            outcome: _Outcome | None = None  # the end of the pass
+            if step is not None:
+                try:
+                    outcome = (step, self._produce(*step), None)
+                except BaseException as error:  # re-raised in the caller at its step
+                    outcome = (step, None, error)
+            self._slots[slot] = outcome
+            self._filled[slot].release()
+
+    def take(self) -> _Outcome | None:
+        """The next step's ``(step, item, error)`` in order, waiting for it; None
+        at the end of the pass or once stopped."""
+        slot = self._taken % len(self._slots)
+        self._filled[slot].acquire()
+        outcome, self._slots[slot] = self._slots[slot], None
+        self._taken += 1
+        self._empty[slot].release()
+        return outcome
+
+    def stop(self, *, wait: bool) -> None:
+        """Stop the threads after their current step; ``wait``: join them, and
+        wake a caller waiting in :meth:`take` (it gets None). Call it from the
+        thread that takes, or once nothing takes any more."""
+        self._stopped = True
+        for lock in self._empty:  # wake threads waiting for a slot
+            if lock.locked():
+                lock.release()
+        if wait:
+            for thread in self._threads:
+                thread.join()
+            for lock in self._filled:
+                if lock.locked():
+                    lock.release()
 
 
 class _Iterator:
-    """One pass of a Loader: schedules steps on the threads, yields them in order."""
+    """One pass of a Loader: its steps, read by the caller or by :class:`_Readers`."""
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
-        self._steps = loader.steps()  # the steps left to schedule
-        self._pending: collections.deque[tuple[tuple[int, int], Any]] = collections.deque()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._steps = loader.steps()  # the steps left to produce
+        self._readers: _Readers | None = None
         self._finalizer: Any = None
         if loader._prefetch > 0 and loader._num_threads > 0:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                loader._num_threads, thread_name_prefix="zerobatch-loader"
-            )
-            self._finalizer = weakref.finalize(self, _shutdown, self._executor, False)
-            loader._threads = self._executor
+            self._readers = _Readers(loader.produce, self._steps, loader._prefetch,
+                                     loader._num_threads)
+            self._finalizer = weakref.finalize(self, self._readers.stop, wait=False)
+            loader._threads = self._readers
         self._done = False
-
-    def _fill(self) -> None:
-        assert self._executor is not None
-        while len(self._pending) < self._loader._prefetch + 1:
-            step = next(self._steps, None)
-            if step is None:
-                return
-            self._pending.append((step, self._executor.submit(self._loader.produce, *step)))
 
     def __iter__(self) -> _Iterator:
         return self
@@ -413,37 +482,31 @@ class _Iterator:
     def __next__(self) -> Any:
         if self._done:
             raise StopIteration
-        if self._executor is None:
-            step = next(self._steps, None)
-            if step is None:
-                self.close()
-                raise StopIteration
-            try:
+        try:
+            if self._readers is None:
+                step = next(self._steps, None)
+                if step is None:
+                    raise StopIteration
                 item = self._loader.produce(*step)
-            except BaseException:
-                self.close()
-                raise
-        else:
-            self._fill()
-            if not self._pending:
-                self.close()
-                raise StopIteration
-            step, future = self._pending.popleft()
-            try:
-                item = future.result()
-            except BaseException:
-                self.close()
-                raise
+            else:
+                outcome = self._readers.take()
+                if outcome is None:
+                    raise StopIteration
+                step, item, error = outcome
+                if error is not None:
+                    raise error
+        except BaseException:
+            self.close()
+            raise
         self._loader.received(*step)
         return item
 
     def close(self) -> None:
-        """Cancel what is queued and join the threads (each finishes its read)."""
+        """Stop the reader threads and join them (each finishes its read)."""
         self._done = True
-        self._pending.clear()
-        if self._executor is not None:
+        if self._readers is not None:
             self._finalizer.detach()
-            _shutdown(self._executor, True)
-            if self._loader._threads is self._executor:
+            self._readers.stop(wait=True)
+            if self._loader._threads is self._readers:
                 self._loader._threads = None
-            self._executor = None
+            self._readers = None
