@@ -3,7 +3,7 @@
 :class:`BatchFileReader` maps a ``.batch`` file (or a folder of shards with a
 ``manifest.json``) and hands out batch ``i`` as a view of the mapping.
 :class:`BatchNativeLoader` iterates the batches of an epoch in block-shuffled
-order (seed 000), split across ranks, with exact resume.
+order, split across ranks, with exact resume.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from zerobatch._json import load_json
+from zerobatch._output_dtype import CASTS, output_dtype
 from zerobatch._text import format_table
 from zerobatch.batch_format import (
     HEADER_SIZE,
@@ -427,11 +428,12 @@ class BatchFileReader:
         return Batch.from_columns({"tokens": tokens},
                                   BatchMeta(idx, production_status=np.ones(idx.shape[0])))
 
-    def read_batch_torch(self, batch_index: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    def read_batch_torch(self, batch_index: int, dtype: Any = None) -> torch.Tensor:
         """Batch ``batch_index`` as a ``[batch_size, seq_len]`` torch tensor.
 
-        ``dtype`` is ``torch.int64`` (default: one copy, the widening) or
-        ``torch.int32``: for uint32 files a zero-copy tensor over a private
+        ``dtype`` is int64 (default: one copy, the widening) or int32, spelled
+        ``"int64"``, ``np.int64`` or ``torch.int64`` alike: int32 gives for
+        uint32 files a zero-copy tensor over a private
         copy-on-write mapping (writable, no warning). In-place writes to it never
         reach the file, but later reads of the same batch from this reader see
         them until :meth:`discard_private_writes` (the loader calls it at every
@@ -439,10 +441,8 @@ class BatchFileReader:
         """
         import torch
 
-        if dtype is None or dtype == torch.int64:
+        if output_dtype("int64" if dtype is None else dtype, allowed=CASTS) == np.int64:
             return torch.from_numpy(self.read_batch(batch_index).astype(np.int64))
-        if dtype != torch.int32:
-            raise ValueError(f"dtype must be torch.int64 or torch.int32, got {dtype}")
         shard, local = self._locate(batch_index)
         if shard.header.dtype == 0:
             return torch.from_numpy(shard.private_batch(local))
@@ -489,7 +489,7 @@ class BatchFileReader:
 
 
 class BatchNativeLoader:
-    """Iterate a batch file's batches in block-shuffled order (seed 000).
+    """Iterate a batch file's batches in block-shuffled order.
 
     Blocks of ``block_size`` consecutive batches are visited in the order of a
     permutation seeded by ``zerobatch.plan.epoch_seed(seed, epoch)``; batches
@@ -501,9 +501,9 @@ class BatchNativeLoader:
     the tail of an epoch are dropped. What a rank yields depends only on
     (seed, epoch, position, rank, world_size): ranks never talk.
 
-    Yields ``torch.int64`` tensors by default; ``dtype=torch.int32`` gives
-    zero-copy tensors; ``output="numpy"`` gives read-only views of the stored
-    tokens. ``state_dict()`` counts what the caller received; after
+    Yields int64 tensors by default; ``dtype="int32"`` (or ``torch.int32``,
+    ``np.int32``) gives zero-copy tensors; ``output="numpy"`` gives read-only
+    views of the stored tokens. ``state_dict()`` counts what the caller received; after
     ``load_state_dict`` iteration continues exactly there, also with another
     ``world_size``. Not thread-safe: iterate from one thread.
     """
@@ -518,7 +518,7 @@ class BatchNativeLoader:
         *,
         rank: int = 0,
         world_size: int = 1,
-        dtype: torch.dtype | None = None,
+        dtype: Any = None,
         output: Literal["torch", "numpy"] = "torch",
         readahead_bytes: int = 32 * 2**20,
         storage_options: dict[str, Any] | None = None,
@@ -533,13 +533,14 @@ class BatchNativeLoader:
             raise ValueError(f"output must be 'torch' or 'numpy', got {output!r}")
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
+        out = output_dtype("int64" if dtype is None else dtype, allowed=CASTS)
         self.reader = BatchFileReader(path, storage_options=storage_options)
         self.block_size = block_size
         self.shuffle = shuffle
         self.seed = seed
         self.rank = rank
         self.world_size = world_size
-        self.dtype = dtype
+        self.dtype = out
         self.output = output
         self.readahead_batches = max(1, readahead_bytes // self.reader.padded_batch_bytes)
         self._epoch = epoch
@@ -609,9 +610,8 @@ class BatchNativeLoader:
             return self.reader.read_batch
         import torch
 
-        dtype = torch.int64 if self.dtype is None else self.dtype
-        reader = self.reader
-        if dtype == torch.int64:
+        dtype, reader = self.dtype, self.reader
+        if dtype == np.int64:
             return lambda i: torch.from_numpy(reader.read_batch(i).astype(np.int64))
         return lambda i: reader.read_batch_torch(i, dtype)
 

@@ -29,7 +29,8 @@ class BatchClient:
         addresses: one server address or several serving the same dataset;
             requests spread over them and move to another when one dies.
         batch_size, seed, shuffle, rank, world_size, drop_last, output, epochs,
-            block_size, transform, pin_memory, device, dtype: as ``Loader``.
+            block_size, transform, pin_memory, device: as ``Loader``. The
+            token dtype is the server's: its source's ``dtype=``.
         prefetch: requests kept in flight (the credit window), at least 1.
         timeout: seconds a server may leave a request unanswered before its
             requests go elsewhere; with no reply from any server for this
@@ -56,7 +57,6 @@ class BatchClient:
         transform: Any = None,
         pin_memory: bool = False,
         device: Any = None,
-        dtype: Any = None,
         timeout: float = 30.0,
         curve: CurveKeys | None = None,
         server_key: bytes | None = None,
@@ -80,7 +80,6 @@ class BatchClient:
         self.transform = transform
         self.pin_memory = pin_memory
         self.device = device
-        self.dtype = dtype
         self._fetcher = Fetcher(
             list(addresses), timeout=timeout, window=prefetch, curve=curve, server_key=server_key
         )

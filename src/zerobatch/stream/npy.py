@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from zerobatch._output_dtype import CASTS, output_dtype
 from zerobatch.columnar import Batch, BatchMeta
 from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage
@@ -41,7 +42,6 @@ __all__ = ["MAX_HEADER", "NpyTokens", "NpyWindows", "is_npy_folder", "open_npy"]
 
 MAX_HEADER = 1 << 16  # bytes of a .npy preamble + header dict that we agree to parse
 _SUFFIX = ".npy"
-_OUT_DTYPES = ("int64", "int32")
 
 
 def is_npy_folder(path: str | os.PathLike[str]) -> bool:
@@ -213,9 +213,8 @@ class NpyWindows:
     def __init__(self, tokens: NpyTokens, seq_len: int, *, dtype: Any = "int64") -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
-        out = np.dtype(dtype) if isinstance(dtype, (str, np.dtype, type)) else None
-        if out is None or out.name not in _OUT_DTYPES:
-            raise ValueError(f"dtype must be 'int64' or 'int32', got {dtype!r}")
+        out = output_dtype(dtype, allowed=CASTS)
+        assert out is not None
         self._tokens = tokens
         self._seq_len = seq_len
         self._dtype = out

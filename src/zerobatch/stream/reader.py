@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import typed
 
+from zerobatch._output_dtype import output_dtype
 from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
 from zerobatch.columnar.schema import normalize_column
 from zerobatch.errors import FormatError
@@ -60,20 +61,6 @@ __all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
 _HEAD = 8  # spare bytes before metadata entries (see serializers.loads_many)
 _METADATA_SCHEMA = FieldSchema("objects", "Spans")  # per window, its (start, end, value) spans
 _EMPTY_METADATA_SCHEMA = FieldSchema("objects", "object")  # what from_columns infers for []
-_TOKEN_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
-
-
-def _token_dtype(dtype: Any) -> np.dtype | None:
-    """The output dtype for token columns; None keeps the stored dtype."""
-    if isinstance(dtype, str) and dtype == "stored":
-        return None
-    try:
-        out = np.dtype(dtype)
-    except TypeError:
-        out = None
-    if out is None or out.name not in _TOKEN_DTYPES:
-        raise ValueError(f"dtype must be 'int64', 'int32' or 'stored', got {dtype!r}")
-    return out
 
 
 def _indices(indices: Any) -> npt.NDArray[np.int64]:
@@ -452,7 +439,7 @@ class TokenWindows:
         self._seq_len = seq_len
         self._stride = stride
         self._labels = bool(labels)
-        self._dtype = _token_dtype(dtype)
+        self._dtype = output_dtype(dtype)
         self._span = seq_len + int(self._labels)
         self._len = max(0, (dataset.num_tokens - self._span) // stride + 1)
         manifest = dataset.manifest
@@ -735,7 +722,7 @@ class Documents:
             raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
         self._ds = dataset
         self._max_len = max_len
-        self._dtype = _token_dtype(dtype)
+        self._dtype = output_dtype(dtype)
 
     def __len__(self) -> int:
         return self._ds.num_documents
