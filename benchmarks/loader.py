@@ -7,7 +7,9 @@ cache. Everything is measured in this run, passes interleaved, best of each:
 1. Loader overhead: tokens/s of ``Loader`` (output ``"batch"``, and one row
    ``"torch"``) with ``num_threads`` 0, 1 and 2 against the same
    ``windows.read`` calls in a plain loop, indices computed before timing or
-   by ``Plan.indices`` in the loop, and CPU seconds per batch
+   by ``Plan.indices`` in the loop, or with each batch kept alive during the
+   next read (as a ``for`` loop does: the reader's arena then alternates two
+   buffers instead of reusing one), and CPU seconds per batch
    (``time.process_time``, all threads), which other processes on the machine
    disturb less than wall time. Then the same over a source whose read
    returns a prebuilt batch: what the plan and the Loader cost per step alone.
@@ -103,6 +105,13 @@ def _overhead(windows: Any, steps: int, passes: int) -> dict[str, tuple[float, f
             windows.read(plan.indices(0, k * BATCH, 0)[0])
         return steps
 
+    def holding() -> int:
+        batch = None
+        for index in indices:
+            batch = windows.read(index)  # alive during the next read, as in a for loop
+        del batch
+        return steps
+
     def loader(threads: int, output: str = "batch") -> Callable[[], int]:
         def run() -> int:
             with Loader(windows, BATCH, seed=1, num_threads=threads, prefetch=2,
@@ -114,6 +123,7 @@ def _overhead(windows: Any, steps: int, passes: int) -> dict[str, tuple[float, f
 
     return _best({"plain loop of windows.read": plain,
                   "plain loop, plan.indices in the loop": planned,
+                  "plain loop, previous batch held": holding,
                   "Loader, 0 threads": loader(0),
                   "Loader, 1 thread": loader(1),
                   "Loader, 2 threads": loader(2),
