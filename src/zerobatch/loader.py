@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import sys
 import threading
 import warnings
@@ -384,15 +385,14 @@ class _Readers:
     """``threads`` reader threads that produce a pass's steps into ``prefetch``
     ordered slots.
 
-    Steps are claimed in order: the thread that claims step ``seq`` first waits
-    until slot ``seq % prefetch`` is empty (the caller took step ``seq -
-    prefetch``). It produces the step outside the claim, stores the outcome in
-    the slot and releases the slot's ``filled`` lock; the caller acquires the
-    ``filled`` locks in order and releases the slot's ``empty`` lock. A handoff
-    is two lock releases and two acquires, and at most ``prefetch`` steps wait
-    to be taken. The threads
-    hold this object, never the iterator, so a dropped pass's finalizer can stop
-    them.
+    A thread takes a ticket (the caller returns one per step it takes, and
+    there are ``prefetch`` at the start), claims the next step and its sequence
+    number ``seq``, produces the step, stores the outcome in slot ``seq %
+    prefetch`` and releases that slot's lock; the caller acquires the slots'
+    locks in order. At most ``prefetch`` steps are claimed and not yet taken,
+    so they occupy distinct slots. A handoff is a lock release and acquire and
+    a ticket put and get (``queue.SimpleQueue``, in C). The threads hold this
+    object, never the iterator, so a dropped pass's finalizer can stop them.
     """
 
     def __init__(self, produce: Callable[..., Any], steps: Iterator[tuple[int, int]],
@@ -400,7 +400,9 @@ class _Readers:
         self._produce = produce
         self._steps = steps
         self._claim = threading.Lock()  # guards _steps, _claimed, _ended
-        self._empty = [threading.Lock() for _ in range(prefetch)]  # held while full
+        self._tickets: queue.SimpleQueue[bool] = queue.SimpleQueue()
+        for _ in range(prefetch):
+            self._tickets.put(True)
         self._filled = [threading.Lock() for _ in range(prefetch)]  # held while empty
         for lock in self._filled:
             lock.acquire()
@@ -415,14 +417,11 @@ class _Readers:
             thread.start()
 
     def _run(self) -> None:
-        while True:
-            with self._claim:  # steps are claimed in order, each once its slot is empty
-                if self._stopped or self._ended:
+        while self._tickets.get() and not self._stopped:
+            with self._claim:
+                if self._ended:
                     return
-                slot = self._claimed % len(self._slots)
-                self._empty[slot].acquire()
-                if self._stopped:
-                    return
+                seq = self._claimed
                 self._claimed += 1
                 step = next(self._steps, None)
                 self._ended = step is None
@@ -432,6 +431,7 @@ class _Readers:
                     outcome = (step, self._produce(*step), None)
                 except BaseException as error:  # re-raised in the caller at its step
                     outcome = (step, None, error)
+            slot = seq % len(self._slots)
             self._slots[slot] = outcome
             self._filled[slot].release()
 
@@ -442,7 +442,7 @@ class _Readers:
         self._filled[slot].acquire()
         outcome, self._slots[slot] = self._slots[slot], None
         self._taken += 1
-        self._empty[slot].release()
+        self._tickets.put(True)
         return outcome
 
     def stop(self, *, wait: bool) -> None:
@@ -450,9 +450,8 @@ class _Readers:
         wake a caller waiting in :meth:`take` (it gets None). Call it from the
         thread that takes, or once nothing takes any more."""
         self._stopped = True
-        for lock in self._empty:  # wake threads waiting for a slot
-            if lock.locked():
-                lock.release()
+        for _ in self._threads:  # wake threads waiting for a ticket
+            self._tickets.put(False)
         if wait:
             for thread in self._threads:
                 thread.join()
