@@ -172,9 +172,15 @@ def test_read_error_surfaces_at_its_batch(windows):
     assert loader.state_dict()["consumed"] == 30
 
 
+def _loader_threads() -> int:
+    """Reader threads of any Loader alive now (other fixtures' threads, such as a
+    moto server's, come and go on their own and are not counted)."""
+    return sum(t.name.startswith("zerobatch-loader") for t in threading.enumerate())
+
+
 def test_threads_do_not_leak_and_close_is_fast(windows):
     gc.collect()
-    baseline = threading.active_count()
+    baseline = _loader_threads()
     for i in range(200):
         loader = Loader(windows, 8, prefetch=3, num_threads=2, output="batch")
         it = iter(loader)
@@ -182,10 +188,10 @@ def test_threads_do_not_leak_and_close_is_fast(windows):
             next(it)
         del it, loader
     deadline = time.monotonic() + 10
-    while threading.active_count() > baseline and time.monotonic() < deadline:
+    while _loader_threads() > baseline and time.monotonic() < deadline:
         gc.collect()
         time.sleep(0.01)
-    assert threading.active_count() == baseline
+    assert _loader_threads() == baseline
     loader = Loader(windows, 8, prefetch=8, num_threads=2, output="batch")
     it = iter(loader)
     next(it)
@@ -193,11 +199,11 @@ def test_threads_do_not_leak_and_close_is_fast(windows):
     loader.close()
     loader.close()
     assert time.monotonic() - start < 1.0
-    assert threading.active_count() == baseline
+    assert _loader_threads() == baseline
     with Loader(windows, 8, output="batch") as inner:
         it = iter(inner)
         next(it)
-    assert threading.active_count() == baseline
+    assert _loader_threads() == baseline
 
 
 class _Squares:
@@ -213,10 +219,10 @@ class _Squares:
 
 def _wait_for_threads(baseline: int) -> int:
     deadline = time.monotonic() + 10
-    while threading.active_count() > baseline and time.monotonic() < deadline:
+    while _loader_threads() > baseline and time.monotonic() < deadline:
         gc.collect()
         time.sleep(0.01)
-    return threading.active_count()
+    return _loader_threads()
 
 
 @pytest.mark.parametrize("with_block", [True, False])
@@ -224,7 +230,7 @@ def test_keyboard_interrupt_in_the_loop_joins_threads(with_block):
     """Ctrl-C raised in the training step: no thread is left behind, and the
     state points after the last batch the loop received."""
     gc.collect()
-    baseline = threading.active_count()
+    baseline = _loader_threads()
     loader = Loader(_Squares(1000), 10, prefetch=4, num_threads=2, output="numpy")
 
     def train() -> None:
@@ -239,7 +245,7 @@ def test_keyboard_interrupt_in_the_loop_joins_threads(with_block):
         else:
             train()
     if with_block:  # close() joined the threads: nothing to wait for
-        assert threading.active_count() == baseline
+        assert _loader_threads() == baseline
     assert _wait_for_threads(baseline) == baseline
     assert loader.state_dict()["consumed"] == 4 * 10
 
@@ -248,7 +254,7 @@ def test_keyboard_interrupt_while_waiting_for_a_read():
     """Ctrl-C while the caller waits on a read (KeyboardInterrupt out of the
     read itself): it surfaces in the caller, and the threads are joined."""
     gc.collect()
-    baseline = threading.active_count()
+    baseline = _loader_threads()
 
     class Interrupted(_Squares):
         def read(self, indices):
@@ -262,7 +268,7 @@ def test_keyboard_interrupt_while_waiting_for_a_read():
         for batch in loader:
             got.append(batch["x"])
     assert len(got) == 5
-    assert threading.active_count() == baseline  # __next__ closed the iterator
+    assert _loader_threads() == baseline  # __next__ closed the iterator
     assert loader.state_dict()["consumed"] == 50
 
 
