@@ -264,3 +264,150 @@ def test_version_1_metadata_by_range_matches_local(s3, block):
         _same(a.documents().read(idx), b.documents().read(idx))
         index_blocks = {name for name, _ in b._storage.blocks._blocks}
     assert {"00000.meta.index", "00000.meta.data"} & index_blocks or block > 1000
+
+
+def _write_annotated(location, **options):
+    """Documents with their own metadata and nested, overlapping spans (version 2)."""
+    rng = np.random.default_rng(11)
+    with StreamWriter(location, metadata="msgpack", shard_tokens=40_000, **options) as writer:
+        for d in range(1_500):
+            n = int(rng.integers(2, 60))
+            spans = []
+            for s in range(int(rng.integers(0, 6))):
+                start = int(rng.integers(0, n - 1))
+                spans.append((start, int(rng.integers(start + 1, n + 1)), [d, s]))
+            writer.add_document(rng.integers(0, 50_000, n), spans=spans,
+                                metadata={"doc": d} if d % 4 else None)
+
+
+@pytest.fixture(scope="module")
+def annotated(s3, tmp_path_factory):
+    """A version-2 dataset with nested and overlapping spans, local and on S3."""
+    local = tmp_path_factory.mktemp("annotated") / "local"
+    url = s3.url("annotated")
+    _write_annotated(local)
+    _write_annotated(url, storage_options=s3.storage_options())
+    return local, url
+
+
+def _read_both(a, b, seed):
+    rng = np.random.default_rng(seed)
+    for seq_len, columns in ((7, None), (64, ("metadata",)), (300, ("document_metadata",))):
+        wa, wb = a.windows(seq_len, columns=columns), b.windows(seq_len, columns=columns)
+        idx = rng.integers(0, len(wa), 12)
+        _same(wa.read(idx), wb.read(idx))
+    for max_len in (None, 5):
+        da, db = a.documents(max_len=max_len), b.documents(max_len=max_len)
+        idx = rng.integers(0, len(da), 9)
+        _same(da.read(idx), db.read(idx))
+
+
+META_FILES = ("meta.spans", "meta.index", "meta.data")
+
+
+@pytest.mark.parametrize("block", [8, 48, 1024, 1 << 14])
+def test_version_2_metadata_by_range_matches_local(annotated, s3, block, monkeypatch):
+    local, url = annotated
+    mapped = []
+    original = ObjectStorage.map
+    monkeypatch.setattr(ObjectStorage, "map", lambda self, name: (
+        mapped.append(name), original(self, name))[1])
+    with open_dataset(local) as a, \
+            open_dataset(url, storage_options={**s3.storage_options(), "block_size": block}) as b:
+        assert b.has_document_metadata and len(b.manifest.shards) > 1
+        idx = np.random.default_rng(block).integers(0, len(a.windows(32)), 8)
+        _same(a.windows(32).read(idx), b.windows(32).read(idx))
+        held = {suffix: sum(data.size for (name, _), data in b._storage.blocks._blocks.items()
+                            if name.endswith(suffix)) for suffix in META_FILES}
+        sizes = {suffix: sum(b._storage.size(s.file(suffix)) for s in b.manifest.shards)
+                 for suffix in META_FILES}
+        for seed in range(2):
+            _read_both(a, b, seed)
+    assert mapped == ["manifest.json"]
+    assert all(held.values())
+    if block <= 1024:  # far from the files' sizes: never the whole files
+        assert all(held[suffix] < sizes[suffix] / 3 for suffix in META_FILES), (held, sizes)
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), block=st.sampled_from([8, 16, 24, 40, 96, 4096]),
+       seq_len=st.integers(1, 200))
+def test_version_2_blocks_of_any_size_give_local_batches(annotated, s3, seed, block, seq_len):
+    local, url = annotated
+    options = {**s3.storage_options(), "block_size": block, "cache_bytes": 8 * block}
+    with open_dataset(local) as a, open_dataset(url, storage_options=options) as b:
+        rng = np.random.default_rng(seed)
+        wa, wb = a.windows(seq_len), b.windows(seq_len)
+        idx = rng.integers(0, len(wa), 10)
+        _same(wa.read(idx), wb.read(idx))
+        da, db = a.documents(max_len=seq_len), b.documents(max_len=seq_len)
+        idx = rng.integers(0, len(da), 6)
+        _same(da.read(idx), db.read(idx))
+
+
+def test_version_2_metadata_ranges_are_small(annotated, s3, s3_proxy):
+    local, url = annotated
+    options = {**s3.storage_options(s3_proxy.endpoint), "block_size": 512, "coalesce": 0}
+    with open_dataset(local) as a, open_dataset(url, storage_options=options) as b:
+        s3_proxy.reset_counts()
+        idx = np.random.default_rng(3).integers(0, len(a.windows(32)), 8)
+        _same(a.windows(32).read(idx), b.windows(32).read(idx))
+        gets = [r for r in s3_proxy.requests if r[0] == "GET" and ".meta." in r[1]]
+        sizes = sum(b._storage.size(s.file(suffix)) for s in b.manifest.shards
+                    for suffix in META_FILES)
+    assert {r[1].rsplit(".", 2)[-2] + "." + r[1].rsplit(".", 1)[-1] for r in gets} == set(
+        META_FILES)
+    assert all(r[2] is not None for r in gets)  # every one a range GET
+    ranges = [tuple(map(int, r[2].removeprefix("bytes=").split("-"))) for r in gets]
+    assert sum(last + 1 - first for first, last in ranges) < sizes / 5, (ranges, sizes)
+
+
+def test_version_2_metadata_faults_give_identical_batches(annotated, s3, s3_proxy):
+    local, url = annotated
+    options = {**s3.storage_options(s3_proxy.endpoint, retries=8), "block_size": 64}
+    with open_dataset(local) as a, s3_proxy.faults(0.2, delay=0.01), \
+            open_dataset(url, storage_options=options) as b:
+        _read_both(a, b, 5)
+
+
+@pytest.mark.parametrize(("corrupt", "names"), [
+    ("kind", "meta.spans: field 'rows'"), ("past_records", "meta.spans: field 'rows'"),
+    ("empty", "meta.spans: field 'rows'"), ("uncovered", "tokens: field 'meta_id'"),
+    ("index", "meta.index: field 'offsets'")])
+def test_corrupt_remote_meta_spans_raise_as_local(annotated, s3, tmp_path, corrupt, names):
+    source, _ = annotated
+    local = tmp_path / "bad"
+    local.mkdir()
+    for path in source.iterdir():
+        (local / path.name).write_bytes(path.read_bytes())
+    shard = open_dataset(local).manifest.shards[0]
+    rows = np.fromfile(local / shard.file("meta.spans"), dtype="<u8").reshape(-1, 3)
+    index = np.fromfile(local / shard.file("meta.index"), dtype="<u8")
+    row = 40
+    if corrupt == "kind":
+        rows[row, 2] = 2
+    elif corrupt == "past_records":
+        rows[row, 1] = shard.records + 1
+    elif corrupt == "empty":
+        rows[row, 1] = rows[row, 0]
+    elif corrupt == "uncovered":
+        rows[row, 0] = rows[row, 1] - 1  # its tokens' ids still name it
+    else:
+        index[row + 1] = index[-1] + 100
+    rows.tofile(local / shard.file("meta.spans"))
+    index.tofile(local / shard.file("meta.index"))
+    url = s3.url(f"bad-{corrupt}")
+    store = ObjectStorage(url, **s3.storage_options())
+    for path in sorted(local.iterdir()):
+        store.put(path.name, path.read_bytes())
+    start = int(rows[row, 0])
+    windows = np.arange(max(0, start // 16 - 2), start // 16 + 3)
+    errors = []
+    for location, options in ((local, {}), (url, {**s3.storage_options(), "block_size": 64})):
+        with open_dataset(location, storage_options=options) as ds, \
+                pytest.raises(FormatError) as error:
+            ds.windows(16).read(windows)
+        errors.append(str(error.value))
+    assert errors[0].replace(str(local), url) == errors[1]
+    assert errors[1].startswith(f"{url}/{shard.name}.{names}")

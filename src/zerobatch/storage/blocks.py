@@ -2,8 +2,8 @@
 recently used out first, within a byte budget) and optionally on local disk
 across runs (``cache_dir``).
 
-The index files of a remote dataset (document offsets, metadata index and
-data) are read through it, so a batch fetches only the blocks that hold the
+The index files of a remote dataset (document offsets, metadata index, data
+and spans) are read through it, so a batch fetches only the blocks that hold the
 entries it needs and a large index file is never downloaded whole. Block
 ``b`` of an object is its bytes ``[b * block_size, min((b + 1) * block_size,
 size))``. ``read`` takes every byte range of a batch at once and fetches all

@@ -14,10 +14,17 @@ holds only the entries piece ``p`` touches:
   round of concurrent block fetches per step, usually one round); the
   piece's ``doc_starts`` entry is moved by as many documents, so document ids
   come out the same;
-- metadata: the index entries from the piece's first to its last metadata id
-  (as the kernels find them), shifted to start at 0, and the data bytes they
-  span; the piece's metadata ids are shifted by its first id (in a copy of
-  the ids).
+- metadata, format version 1: the index entries from the piece's first to
+  its last metadata id (as the kernels find them), shifted to start at 0, and
+  the data bytes they span; the piece's metadata ids are shifted by its first
+  id (in a copy of the ids);
+- metadata, format version 2: the ``meta.spans`` rows from the piece's first
+  covered token's id to the first row starting past the piece (found by a
+  search over the blocks: the rows after the first id, then galloping, then
+  bisection; usually the first round, which also fetches the index entries
+  beside them), their index entries shifted to the first data byte the
+  kernel copies, and the data bytes of the entries that overlap the piece;
+  the piece's metadata ids are shifted as in version 1.
 
 Every round of fetches puts all of the batch's missing blocks in flight at
 once. A ``view`` also maps kernel shards back to the dataset's shards, so
@@ -36,26 +43,38 @@ from numba import typed
 
 from zerobatch.storage.blocks import BlockCache
 from zerobatch.stream import _kernels as k
-from zerobatch.stream.manifest import DOCS, META_DATA, META_INDEX, OFFSET_DTYPE, Manifest
+from zerobatch.stream.manifest import (
+    DOCS,
+    META_DATA,
+    META_INDEX,
+    META_SPANS,
+    OFFSET_DTYPE,
+    SPAN_DTYPE,
+    SPAN_FIELDS,
+    Manifest,
+)
 
 __all__ = ["IndexView", "RangedIndex"]
 
 _ENTRY = OFFSET_DTYPE.itemsize
+_ROW = SPAN_FIELDS * SPAN_DTYPE.itemsize  # bytes of one meta.spans row
 
 
 class IndexView(NamedTuple):
     """What the kernels of one batch read: ``pieces`` as passed to them,
-    ``shards`` (kernel shard -> dataset shard), and the tables (None where not
-    asked for)."""
+    ``shards`` (kernel shard -> dataset shard), records per kernel shard, and
+    the tables (None where not asked for; ``spans`` in format version 2)."""
 
     pieces: npt.NDArray[np.int64]
     shards: npt.NDArray[np.int64]
+    records: npt.NDArray[np.int64]
     docs: Any
     doc_starts: Any
     meta_ids: Any
     entries: Any
     index: Any
     data: Any
+    spans: Any
 
 
 def _typed(tables: Sequence[np.ndarray], dtype: np.dtype) -> typed.List:
@@ -87,6 +106,9 @@ class RangedIndex:
         self._docs = [s.file(DOCS) for s in shards]
         self._index = [s.file(META_INDEX) for s in shards]
         self._data = [s.file(META_DATA) for s in shards]
+        self._spans = [s.file(META_SPANS) for s in shards]
+        self._version_2 = manifest.has_spans_table
+        self._per_row_block = max(1, cache.block_size // _ROW)
         self._data_sizes = np.array([s.files[META_DATA][0] if META_DATA in s.files else 0
                                      for s in shards], dtype=np.int64)
         self._documents = np.array([s.documents for s in shards], dtype=np.int64)
@@ -110,10 +132,14 @@ class RangedIndex:
         tables = starts = None
         if docs:
             tables, starts = self._doc_tables(shards, pieces[:, k.START], hi - lo)
-        ids = entries = index = data = None
-        if meta_ids is not None:
+        ids = entries = index = data = spans = None
+        if meta_ids is not None and self._version_2:
+            ids, entries, index, data, spans = self._annotation_tables(
+                shards, pieces[:, k.START], lo, hi, meta_ids)
+        elif meta_ids is not None:
             ids, entries, index, data = self._meta_tables(shards, lo, hi, meta_ids)
-        return IndexView(virtual, shards, tables, starts, ids, entries, index, data)
+        return IndexView(virtual, shards, self._records[shards], tables, starts, ids, entries,
+                         index, data, spans)
 
     def plan_documents(
         self, indices: npt.NDArray[np.int64], max_len: int
@@ -233,3 +259,123 @@ class RangedIndex:
             index[p], blobs[p] = shifted, bytes_
         return (ids, entries, _typed(index, OFFSET_DTYPE),
                 _typed(blobs, np.dtype(np.uint8)))
+
+    def _annotation_tables(
+        self, shards: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
+        lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], meta_ids: np.ndarray,
+    ) -> tuple[np.ndarray, npt.NDArray[np.int64], typed.List, typed.List, typed.List]:
+        """Per piece (format version 2), its metadata ids shifted by its first
+        covered token's id, its candidate row count, its ``meta.spans`` rows,
+        its index entries and the data bytes the kernel copies. A piece whose
+        first id is past its shard's entries keeps its ids and gets no rows, so
+        the kernel reports it in the order of the mapped read; so does a bad
+        index entry (marked past the piece's data)."""
+        ids = np.array(meta_ids)  # a copy: each piece's ids are shifted below
+        count = shards.shape[0]
+        first = np.full(count, -1, np.int64)
+        for p in range(count):
+            segment = ids[lo[p]:hi[p]]
+            present = np.flatnonzero(segment != k._NO_METADATA)
+            if present.size and int(segment[present[0]]) < self._entries[shards[p]]:
+                first[p] = int(segment[present[0]])
+                segment[present] -= np.uint32(first[p])  # later ids are not read
+        live = np.flatnonzero(first >= 0)
+        ends = np.zeros(count, np.int64)
+        a = starts.astype(np.uint64)
+        b = (starts + hi - lo).astype(np.uint64)  # the piece's records [a, b) in its shard
+        ends[live] = self._row_ends(shards[live], first[live], b[live])
+        raw = self._cache.read([
+            request for p in live.tolist() for request in (
+                (self._spans[shards[p]], first[p] * _ROW, ends[p] * _ROW),
+                (self._index[shards[p]], first[p] * _ENTRY, (ends[p] + 1) * _ENTRY))])
+        tables, cuts, spans = [], [], []
+        for j, p in enumerate(live.tolist()):
+            rows = raw[2 * j].view(SPAN_DTYPE)
+            offsets = _offsets(raw[2 * j + 1])
+            cut, start, end = self._index_cut(rows, offsets, int(self._records[shards[p]]),
+                                              int(self._data_sizes[shards[p]]), a[p], b[p])
+            tables.append(rows)
+            cuts.append(cut)
+            spans.append((self._data[shards[p]], start, end))
+        data = self._cache.read(spans)
+        empty_rows = np.zeros(0, SPAN_DTYPE)
+        empty_rows.setflags(write=False)
+        empty_index = np.zeros(1, OFFSET_DTYPE)
+        empty_index.setflags(write=False)
+        empty_data = np.zeros(0, np.uint8)
+        empty_data.setflags(write=False)
+        rows_of, index, blobs = [empty_rows] * count, [empty_index] * count, [empty_data] * count
+        for p, table, cut, bytes_ in zip(live.tolist(), tables, cuts, data, strict=True):
+            rows_of[p], index[p], blobs[p] = table, cut, bytes_
+        entries = np.where(first >= 0, ends - first, 0)
+        return (ids, entries, _typed(index, OFFSET_DTYPE), _typed(blobs, np.dtype(np.uint8)),
+                _typed(rows_of, SPAN_DTYPE))
+
+    @staticmethod
+    def _index_cut(
+        rows: npt.NDArray[np.uint64], offsets: npt.NDArray[np.uint64], records: int,
+        data_size: int, a: np.uint64, b: np.uint64,
+    ) -> tuple[npt.NDArray[np.uint64], int, int]:
+        """A piece's index entries shifted to the first data byte the kernel
+        copies, and that data range ``[start, end)``: the bytes of the entries
+        overlapping records ``[a, b)`` that the kernel reaches (it stops at the
+        first unsound row or index entry). The first overlapping entry with an
+        unsound index entry gets an end past the range, so the kernel stops there."""
+        table = rows.reshape(-1, SPAN_FIELDS)
+        low, high, kind = table[:, 0], table[:, 1], table[:, 2]
+        unsound = np.flatnonzero(~((low < high) & (high <= np.uint64(records))
+                                   & (kind <= np.uint64(1))))
+        reached = table.shape[0] if not unsound.size else int(unsound[0])
+        overlap = np.flatnonzero((high[:reached] > a) & (low[:reached] < b))
+        bad = ~((offsets[overlap] <= offsets[overlap + 1])
+                & (offsets[overlap + 1] <= np.uint64(data_size)))
+        broken = int(overlap[np.argmax(bad)]) if bad.any() else -1
+        kept = overlap[:np.argmax(bad)] if bad.any() else overlap
+        start = int(offsets[kept].min()) if kept.size else 0
+        end = int(offsets[kept + 1].max()) if kept.size else 0
+        cut = np.clip(offsets, np.uint64(start), np.uint64(end)) - np.uint64(start)
+        if broken >= 0:
+            cut[broken + 1] = end - start + 1
+        cut.setflags(write=False)
+        return cut, start, end
+
+    def _row_ends(self, shards: npt.NDArray[np.int64], first: npt.NDArray[np.int64],
+                  bound: npt.NDArray[np.uint64]) -> npt.NDArray[np.int64]:
+        """Per piece, the first ``meta.spans`` row after ``first`` (in its
+        shard) that starts at or after record ``bound`` (rows are sorted by
+        start), or the shard's entries. Invariant: rows up to ``low`` start
+        before ``bound``, rows from ``high`` at or after it. One round of
+        concurrent fetches per step: the first also fetches the index entries
+        beside the rows, which the tables need next."""
+        per = self._per_row_block
+        low = first.copy()
+        high = self._entries[shards].copy()
+        step = 0
+        while True:
+            todo = np.arange(low.shape[0]) if step == 0 else np.flatnonzero(high - low > 1)
+            if not todo.size:
+                return high
+            x, y = low[todo], high[todo]
+            if step == 0:  # the rows right after the first id (usually all of them)
+                probe = x
+            else:  # galloping from low, bisection once that passes the middle
+                probe = np.clip(np.minimum(x + per * (1 << min(step, 40)), (x + y) // 2),
+                                x + 1, y - 1)
+            end = np.minimum(probe + per, y)
+            requests = [(self._spans[s], g * _ROW, e * _ROW) for s, g, e in zip(
+                shards[todo].tolist(), probe.tolist(), end.tolist(), strict=True)]
+            if step == 0:
+                requests += [(self._index[s], g * _ENTRY, (e + 1) * _ENTRY) for s, g, e in zip(
+                    shards[todo].tolist(), probe.tolist(), end.tolist(), strict=True)]
+            raw = self._cache.read(requests)
+            for q, g, got in zip(todo.tolist(), probe.tolist(), raw[:todo.size], strict=True):
+                begin = max(g, int(low[q]) + 1)  # the rows inside (low, high)
+                found = got.view(SPAN_DTYPE)[(begin - g) * SPAN_FIELDS::SPAN_FIELDS]
+                if not found.size:
+                    continue
+                j = int(np.searchsorted(found, bound[q], side="left"))
+                if j > 0:
+                    low[q] = begin + j - 1
+                if j < found.shape[0]:
+                    high[q] = begin + j
+            step += 1

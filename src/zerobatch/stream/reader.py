@@ -290,10 +290,11 @@ class Dataset:
         if self._ranged is not None:
             return self._ranged.view(pieces, obs_begin, obs_len, docs=docs, meta_ids=meta_ids)
         meta = meta_ids is not None
-        return IndexView(pieces, self._shard_ids, self._docs_tables() if docs else None,
-                         self._doc_starts, meta_ids, self._entries,
-                         self._index_tables() if meta else None,
-                         self._data_maps() if meta else None)
+        return IndexView(pieces, self._shard_ids, self._records,
+                         self._docs_tables() if docs else None, self._doc_starts, meta_ids,
+                         self._entries, self._index_tables() if meta else None,
+                         self._data_maps() if meta else None,
+                         self._span_tables() if meta and self.has_document_metadata else None)
 
     def _plan_documents(
         self, indices: npt.NDArray[np.int64], max_len: int
@@ -341,10 +342,11 @@ class Dataset:
         metadata among them (else None).
 
         One kernel finds the entries and copies their bytes (from the mapped
-        index and data files); see ``_spans``.
+        index, data and spans files, or the blocks of them the batch needs);
+        see ``_spans``.
         """
+        view = self._view(pieces, obs_begin, obs_len, docs=False, meta_ids=meta_ids)
         if not self._manifest.has_spans_table:
-            view = self._view(pieces, obs_begin, obs_len, docs=False, meta_ids=meta_ids)
             *spans, code, shard = k.meta_spans(
                 view.meta_ids, view.pieces, obs_begin, obs_len, view.entries, view.index,
                 view.data, _HEAD,
@@ -352,10 +354,10 @@ class Dataset:
             self._check(code, int(view.shards[shard]) if code else shard)
             return self._spans(*spans).observations(), None
         starts, ends, kinds, *rest, code, shard = k.annotation_spans(
-            meta_ids, pieces, obs_begin, obs_len, self._entries, self._records,
-            self._index_tables(), self._data_maps(), self._span_tables(), _HEAD,
+            view.meta_ids, view.pieces, obs_begin, obs_len, view.entries, view.records,
+            view.index, view.data, view.spans, _HEAD,
         )
-        self._check(code, shard)
+        self._check(code, int(view.shards[shard]) if code else shard)
         table = self._spans(starts, ends, *rest)
         if not documents:
             return table.observations(), None
