@@ -12,7 +12,9 @@ for an object store's first-byte latency. One run measures:
    batches in flight. The target is a ratio of at least 0.8.
 2. Requests per batch and bytes fetched per token delivered, with obstore's
    coalescing (ranges closer than 1 MiB merged) and without (``coalesce=0``),
-   with and without span metadata, and with blocks of consecutive windows.
+   with and without span metadata, and with blocks of consecutive windows;
+   (2b) the ``meta.*`` bytes and time of a first batch of a dataset with
+   dense span metadata, by block against the files mapped whole.
 3. Time to the first batch of the dataset (``--gb``, default 1 GB) against
    downloading a whole shard first (MosaicML, LitData and seed 003 do that),
    and against raw obstore fetching the batch's token ranges alone from a
@@ -48,6 +50,7 @@ import obstore
 
 from zerobatch.storage import ObjectStorage
 from zerobatch.stream import StreamWriter, open_dataset
+from zerobatch.stream.manifest import META_DATA, META_INDEX, META_SPANS
 from zerobatch.tensors import safe_open, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -69,6 +72,14 @@ def options(endpoint: str) -> dict[str, Any]:
     return {"config": {**ACCESS, "endpoint": endpoint}, **retry_options(timeout=30, budget=120)}
 
 
+class WholeFiles(ObjectStorage):
+    """An ``ObjectStorage`` without a block cache: a dataset maps its index
+    files whole on first use (how version-2 metadata was read before it went
+    through the cache)."""
+
+    blocks = None
+
+
 class Recording:
     """Wraps a storage: records each ``read_into`` call's (object, offset, length)."""
 
@@ -88,15 +99,15 @@ class Recording:
 
 
 def write_dataset(url: str, endpoint: str, tokens: int, shard_tokens: int,
-                  metadata: bool) -> None:
+                  metadata: bool, span_every: int = 5_000) -> None:
     rng = np.random.default_rng(0)
     doc = 50_000
     with StreamWriter(url, shard_tokens=shard_tokens, metadata="msgpack" if metadata else None,
                       storage_options=options(endpoint)) as writer:
         for d in range(tokens // doc):
             ids = rng.integers(0, 50_000, doc, dtype=np.uint16)
-            spans = [(s, s + 100, {"doc": d, "at": s}) for s in range(0, doc, 5_000)] \
-                if metadata else None
+            spans = [(s, min(s + 100, doc), {"doc": d, "at": s})
+                     for s in range(0, doc, span_every)] if metadata else None
             writer.add_document(ids, spans=spans)
 
 
@@ -254,23 +265,67 @@ def run(args: argparse.Namespace, direct: str, proxied: str) -> None:
     write_dataset(meta_url, direct, 2**24, 2**22, metadata=True)
     log = proxy_log_reader(proxied)
     per_batch: dict[str, float] = {}
-    for name, location, coalesce, block in (
-        ("shuffled windows, coalesce 1 MiB", url, 1 << 20, 1),
-        ("shuffled windows, coalesce 0", url, 0, 1),
-        ("blocks of 8 consecutive windows", url, 1 << 20, 8),
-        ("blocks of 32 consecutive windows", url, 1 << 20, 32),
-        ("with span metadata (first use maps index files)", meta_url, 1 << 20, 1),
+    for name, location, coalesce, block, kind in (
+        ("shuffled windows, coalesce 1 MiB", url, 1 << 20, 1, ObjectStorage),
+        ("shuffled windows, coalesce 0", url, 0, 1, ObjectStorage),
+        ("blocks of 8 consecutive windows", url, 1 << 20, 8, ObjectStorage),
+        ("blocks of 32 consecutive windows", url, 1 << 20, 32, ObjectStorage),
+        ("with span metadata, meta files whole", meta_url, 1 << 20, 1, WholeFiles),
+        ("with span metadata (index files by block)", meta_url, 1 << 20, 1, ObjectStorage),
     ):
-        storage = ObjectStorage(location, coalesce=coalesce, **options(proxied))
+        storage = kind(location, coalesce=coalesce, **options(proxied))
         dataset = open_dataset(location, storage=storage)
         src = dataset.windows(seq)
         picks = []
+        pick = np.random.default_rng(2) if dataset.has_metadata else rng  # the same batches
         for _ in range(32):
-            starts = rng.integers(0, len(src) - block, BATCH // block)
+            starts = pick.integers(0, len(src) - block, BATCH // block)
             picks.append((starts[:, None] + np.arange(block)).ravel())
+        before = log()
         gets, fetched = count_gets(log, lambda s=src, p=picks: [s.read(i) for i in p])
         per_batch[name] = gets / 32
         print(f"{name:<44} {gets / 32:>10.1f} {fetched / (32 * BATCH * seq):>12.2f}")
+        if dataset.has_metadata:
+            meta = [r for r in log()[len(before):] if r[0] == "GET" and ".meta." in r[1]]
+            ranged = [r for r in meta if r[2]]
+            size = sum(storage.size(shard.file(suffix)) for shard in dataset.manifest.shards
+                       for suffix in (META_INDEX, META_DATA, META_SPANS))
+            meta_bytes = sum(int(b) - int(a) + 1 for a, b in (
+                r[2].removeprefix("bytes=").split("-") for r in ranged))
+            print(f"{'  of which meta.* files':<44} {len(meta) / 32:>10.1f} "
+                  f"{meta_bytes / (32 * BATCH * seq):>12.3f}  ({len(meta) - len(ranged)} "
+                  f"whole-file GETs; {meta_bytes:,} bytes in range GETs of {size:,} in the "
+                  f"files)")
+
+    # 2b. dense span metadata: what the first batch fetches of the meta.* files
+    dense_url = "s3://zerobatch-test/bench-dense"
+    write_dataset(dense_url, direct, 2**23, 2**21, metadata=True, span_every=50)
+    print("\n2b. first batch of dense span metadata (a span every 50 tokens, 4 shards): "
+          "meta.* GETs, bytes, and the batch's ms, fresh storage each (best of 3, alternated)")
+    print(f"{'case':<44} {'GETs':>6} {'meta bytes':>12} {'of files':>10} {'ms':>8}")
+    idx = np.random.default_rng(3).integers(0, 2**23 // (seq + 1) - 1, BATCH)
+    for coalesce in (1 << 16, 1 << 20):
+        best: dict[str, tuple[float, int, int, int]] = {}
+        for _ in range(3):
+            for name, kind in (("meta files whole", WholeFiles), ("by block", ObjectStorage)):
+                storage = kind(dense_url, coalesce=coalesce, **options(proxied))
+                dataset = open_dataset(dense_url, storage=storage)
+                src = dataset.windows(seq)
+                before = log()
+                started = time.perf_counter()
+                src.read(idx)
+                elapsed = time.perf_counter() - started
+                meta = [r for r in log()[len(before):] if r[0] == "GET" and ".meta." in r[1]]
+                got = sum(int(b) - int(a) + 1 for a, b in (
+                    r[2].removeprefix("bytes=").split("-") for r in meta if r[2]))
+                size = sum(storage.size(shard.file(suffix)) for shard in dataset.manifest.shards
+                           for suffix in (META_INDEX, META_DATA, META_SPANS))
+                if name not in best or elapsed < best[name][0]:
+                    best[name] = (elapsed, len(meta), got, size)
+                dataset.close()
+        for name, (elapsed, count, got, size) in best.items():
+            label = f"{name}, coalesce {coalesce >> 10} KiB"
+            print(f"{label:<44} {count:>6} {got:>12,} {got / size:>10.3f} {elapsed * 1e3:>8.0f}")
 
     # 4. one tensor out of a tensor file
     tensors = {f"layer{i}": np.zeros((1024, 1024), np.float32) for i in range(16)}
