@@ -40,10 +40,10 @@ def test_remote_slice(s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     the server)."""
     for key, value in {**s3.env(), fuzz.S3_ENV: f"s3://{s3.bucket}"}.items():
         monkeypatch.setenv(key, value)
-    report, elapsed = fuzz.fuzz(["stream-s3"], per_target=40, seconds=None, seed=1,
-                                batch_size=20, timeout=60, out=tmp_path)
+    report, _ = fuzz.fuzz(["stream-s3"], per_target=40, seconds=None, seed=1,
+                          batch_size=20, timeout=60, out=tmp_path)
     counts = report.totals()["stream-s3"]
-    assert sum(counts.values()) == 40 and set(elapsed) == {"stream-s3"}
+    assert sum(counts.values()) == 40
     assert counts["format_error"] > 0 and counts["ok"] > 0
     assert set(counts) <= set(GOOD), (counts, sorted(report.examples.items())[:5])
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -214,6 +216,18 @@ def test_threads_read_concurrently(tmp_path: Path) -> None:
     alone = stream.open_dataset(path).windows(16)
     expected = [alone.read([i]) for i in range(len(alone))]
     windows = stream.open_dataset(path).windows(16)  # files open and map under the threads
+
+    def check(batch: Any, row: int, i: int) -> None:
+        np.testing.assert_array_equal(batch["input_ids"][row], expected[i]["input_ids"][0])
+        assert batch["metadata"][row] == expected[i]["metadata"][0]
+
+    _read_from_threads(windows, check)
+
+
+def _read_from_threads(windows: Any, check: Callable[[Any, int, int], None]) -> None:
+    """Four threads read every window of ``windows`` in their own shuffled
+    chunks at once; ``check(batch, row, index)`` runs on each row; any failure
+    in a thread fails the test."""
     errors: list[BaseException] = []
 
     def work(seed: int) -> None:
@@ -222,9 +236,7 @@ def test_threads_read_concurrently(tmp_path: Path) -> None:
             for chunk in np.array_split(order, 8):
                 batch = windows.read(chunk)
                 for row, i in enumerate(chunk.tolist()):
-                    np.testing.assert_array_equal(batch["input_ids"][row],
-                                                  expected[i]["input_ids"][0])
-                    assert batch["metadata"][row] == expected[i]["metadata"][0]
+                    check(batch, row, i)
         except BaseException as error:
             errors.append(error)
 
@@ -450,23 +462,10 @@ def test_direct_windows_from_threads(tmp_path: Path, method: str) -> None:
     ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))  # type: ignore[arg-type]
     # Files open under the threads, and the storage's file table grows past 16 and 32.
     windows = ds.windows(16, columns=_TOKEN_COLUMNS)
-    errors: list[BaseException] = []
 
-    def work(seed: int) -> None:
-        try:
-            order = np.random.default_rng(seed).permutation(len(windows))
-            for chunk in np.array_split(order, 8):
-                batch = windows.read(chunk)
-                for row, i in enumerate(chunk.tolist()):
-                    model = corpus.window(i * 16, 16)
-                    for name in _TOKEN_COLUMNS:
-                        np.testing.assert_array_equal(batch[name][row], model[name])
-        except BaseException as error:
-            errors.append(error)
+    def check(batch: Any, row: int, i: int) -> None:
+        model = corpus.window(i * 16, 16)
+        for name in _TOKEN_COLUMNS:
+            np.testing.assert_array_equal(batch[name][row], model[name])
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors
+    _read_from_threads(windows, check)

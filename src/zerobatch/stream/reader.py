@@ -535,15 +535,12 @@ class TokenWindows:
         # One buffer per batch, recycled once the batch is gone: records, then the planes.
         record_bytes = b_count * n * itemsize
         start = -(-record_bytes // ALIGN) * ALIGN
-        plane_items = self._planes * b_count * seq_len
-        buffer = ds._arena.take(start + plane_items * self._plane_dtype.itemsize)
+        buffer = ds._arena.take(start + self._plane_bytes(b_count))
         records = ds._read_records(pieces, requests, closed, buffer[:record_bytes])
         records = records.reshape(b_count, n)
         field = self._token_field
         tokens = records if field is None else records[field]
-        planes = buffer[start:].view(self._plane_dtype)[:plane_items].reshape(
-            self._planes, b_count, seq_len
-        )
+        planes = self._plane_view(buffer, start, b_count)
         none = self._no_rows
         inputs = labels = positions = none
         if self._dtype is not None:
@@ -570,13 +567,7 @@ class TokenWindows:
         if self._dtype is None:  # views of the read buffer, labels overlapping inputs
             inputs, labels = tokens[:, :seq_len], tokens[:, 1:]
         # Built valid here: Jagged and Batch skip the checks of their public constructors.
-        out: dict[str, Any] = {}
-        if self._want_inputs:
-            out["input_ids"] = inputs
-        if self._want_labels:
-            out["labels"] = labels
-        if self._want_positions:
-            out["position_ids"] = positions
+        out = self._token_columns(inputs, labels, positions)
         out.update(jagged)
         for name in self._token_fields:
             out[name] = records[name][:, :seq_len]
@@ -588,9 +579,7 @@ class TokenWindows:
         in one kernel call that plans, reads each window into a row buffer and
         casts it at once: the batch's records are never written."""
         ds, n, seq_len, b_count = self._ds, self._span, self._seq_len, idx.shape[0]
-        plane_items = self._planes * b_count * seq_len
-        planes = ds._arena.take(plane_items * self._plane_dtype.itemsize).view(
-            self._plane_dtype)[:plane_items].reshape(self._planes, b_count, seq_len)
+        planes = self._plane_view(ds._arena.take(self._plane_bytes(b_count)), 0, b_count)
         inputs = planes[0] if self._want_inputs else self._no_rows
         labels = planes[int(self._want_inputs)] if self._want_labels else self._no_rows
         row = np.empty(n, self._record_dtype)
@@ -622,14 +611,31 @@ class TokenWindows:
                 raise ds._short_read(pieces[:, k.SHARD], requests, failed)
             check_status(status, failed, requests[0])
         ds._check(code, shard)
+        out = self._token_columns(inputs, labels, planes[-1])
+        return Batch._trusted(out, idx, dict(self._direct_schema))
+
+    def _plane_bytes(self, count: int) -> int:
+        """Bytes of the output planes of ``count`` windows."""
+        return self._planes * count * self._seq_len * self._plane_dtype.itemsize
+
+    def _plane_view(self, buffer: np.ndarray, start: int, count: int) -> np.ndarray:
+        """The ``[planes, count, seq_len]`` output planes at byte ``start`` of ``buffer``."""
+        items = self._planes * count * self._seq_len
+        return buffer[start:].view(self._plane_dtype)[:items].reshape(
+            self._planes, count, self._seq_len)
+
+    def _token_columns(
+        self, inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray
+    ) -> dict[str, Any]:
+        """The token columns asked for, in the Batch's column order."""
         out: dict[str, Any] = {}
         if self._want_inputs:
             out["input_ids"] = inputs
         if self._want_labels:
             out["labels"] = labels
         if self._want_positions:
-            out["position_ids"] = planes[-1]
-        return Batch._trusted(out, idx, dict(self._direct_schema))
+            out["position_ids"] = positions
+        return out
 
     def _bounds(self, count: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Where each of ``count`` windows starts in the batch buffer, and its

@@ -38,25 +38,26 @@ _RESERVE_FROM = 1 << 20
 
 
 @cache
+def _linux_call(name: str, *argtypes: Any) -> Any:
+    """The Linux system call wrapper ``name`` from libc with ``argtypes``
+    (never a glibc emulation), or None elsewhere or when libc lacks it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    function = getattr(ctypes.CDLL(None, use_errno=True), name, None)
+    if function is not None:
+        function.argtypes = list(argtypes)
+    return function
+
+
 def _fallocate() -> Any:
     """Linux ``fallocate(2)`` (never glibc's byte-writing emulation), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    function = getattr(ctypes.CDLL(None, use_errno=True), "fallocate", None)
-    if function is not None:
-        function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-    return function
+    return _linux_call("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
 
 
-@cache
 def _sync_file_range() -> Any:
     """Linux ``sync_file_range(2)``, or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    function = getattr(ctypes.CDLL(None, use_errno=True), "sync_file_range", None)
-    if function is not None:
-        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return function
+    return _linux_call("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+                       ctypes.c_uint)
 
 
 def _reserve(descriptor: int, size: int) -> None:
