@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -267,9 +268,13 @@ def test_keyboard_interrupt_while_waiting_for_a_read():
     with pytest.raises(KeyboardInterrupt):
         for batch in loader:
             got.append(batch["x"])
-    assert len(got) == 5
+    # At its batch when a reader thread read it; at once (like a real Ctrl-C)
+    # when the caller's thread read it ahead while waiting.
+    assert 2 <= len(got) <= 5
+    assert [x.tolist() for x in got] == [[i * i for i in range(10 * k, 10 * k + 10)]
+                                         for k in range(len(got))]
     assert _loader_threads() == baseline  # __next__ closed the iterator
-    assert loader.state_dict()["consumed"] == 50
+    assert loader.state_dict()["consumed"] == 10 * len(got)
 
 
 _SIGINT_CHILD = """
@@ -435,3 +440,82 @@ def test_threads_finishing_out_of_order_keep_the_sequence(prefetch, threads):
     with Loader(_Uneven(300), 5, seed=2, prefetch=prefetch, num_threads=threads,
                 output="numpy", epochs=2) as loader:
         assert [b["x"].tolist() for b in loader] == expected
+
+
+class _Gated(_Squares):
+    """Reader threads wait until the caller's thread has read a step itself;
+    every read is logged as (thread name, first index)."""
+
+    def __init__(self, length: int, *, fail_in_caller: int | None = None) -> None:
+        super().__init__(length)
+        self.opened = threading.Event()
+        self.log: list[tuple[str, int]] = []
+        self.fail_in_caller = fail_in_caller
+
+    def read(self, indices):
+        caller = threading.current_thread() is threading.main_thread()
+        if caller:
+            self.opened.set()
+            if self.fail_in_caller in indices.tolist():
+                raise ValueError("corrupt shard")
+        else:
+            assert self.opened.wait(10)
+        self.log.append((threading.current_thread().name, int(indices[0])))
+        return super().read(indices)
+
+
+@pytest.mark.parametrize(("prefetch", "threads"), [(2, 1), (4, 1), (3, 2)])
+def test_the_caller_reads_ahead_instead_of_waiting(prefetch, threads):
+    """While the next batch is not ready and a slot is free, the caller's
+    thread reads a later step itself: the sequence is unchanged."""
+    source = _Gated(200)
+    expected = [b["x"].tolist() for b in Loader(_Squares(200), 10, seed=4, num_threads=0,
+                                                 output="numpy")]
+    with Loader(source, 10, seed=4, prefetch=prefetch, num_threads=threads,
+                output="numpy") as loader:
+        assert [b["x"].tolist() for b in loader] == expected
+    readers = {name for name, _ in source.log}
+    assert "MainThread" in readers  # the readers could not start before it read
+    assert len(source.log) == len(expected)  # each step read once
+
+
+def test_an_error_the_caller_read_ahead_waits_for_its_batch():
+    """The caller's thread reads step 1 (shuffle off: rows 10-19) while step 0
+    is blocked in the reader thread; its error surfaces at step 1, not before."""
+    source = _Gated(100, fail_in_caller=10)
+    loader = Loader(source, 10, shuffle=False, prefetch=2, num_threads=1, output="numpy")
+    it = iter(loader)
+    assert next(it)["x"].tolist() == [i * i for i in range(10)]
+    with pytest.raises(ValueError, match="corrupt shard"):
+        next(it)
+    assert loader.state_dict()["consumed"] == 10
+    assert _wait_for_threads(0) == 0
+
+
+@settings(max_examples=20, deadline=None)
+@given(prefetch=st.integers(1, 5), threads=st.integers(1, 3), seed=st.integers(0, 99))
+def test_batches_alive_stay_within_prefetch(prefetch, threads, seed):
+    """At most ``prefetch`` batches are read ahead besides the one the caller
+    holds, whoever reads them (threads or the caller's thread)."""
+    alive = [0]
+    most = [0]
+    lock = threading.Lock()
+
+    def gone() -> None:
+        with lock:
+            alive[0] -= 1
+
+    class Counted(_Uneven):
+        def read(self, indices):
+            batch = super().read(indices)
+            with lock:
+                alive[0] += 1
+                most[0] = max(most[0], alive[0])
+            weakref.finalize(batch["x"], gone)
+            return batch
+
+    with Loader(Counted(400), 5, seed=seed, prefetch=prefetch, num_threads=threads,
+                output="batch") as loader:
+        for batch in loader:
+            del batch
+    assert most[0] <= prefetch + 1

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerobatch.shuffle import MAX_LENGTH, BlockShuffle, Feistel
+from zerobatch.shuffle import _NOGIL_FROM, MAX_LENGTH, BlockShuffle, Feistel
 
 SEEDS = st.integers(min_value=-(2**70), max_value=2**70)
 
@@ -192,3 +192,14 @@ def test_strided_wraps_positions_past_the_end(n: int, seed: int, data: st.DataOb
     positions = [(start + step * i) % n for i in range(count)]
     expected = [p(value) for value in positions]
     assert p.strided(start, count, step).tolist() == expected
+
+
+@pytest.mark.parametrize("n", [5_000, 2**40 + 3])
+def test_strided_is_the_same_kernel_either_side_of_the_gil_threshold(n: int) -> None:
+    """Short ranges keep the GIL, long ones release it: one definition."""
+    p = Feistel(n, 99)
+    count = _NOGIL_FROM + 7
+    long = p.strided(n - 3, count, 3)  # wraps past the end
+    short = np.concatenate([p.strided(n - 3 + 3 * i, 1, 3) for i in range(count)])
+    assert long.tolist() == short.tolist()
+    assert long.tolist() == p(np.array([(n - 3 + 3 * i) % n for i in range(count)])).tolist()

@@ -6,7 +6,9 @@ user's own object. The loader asks :class:`~zerobatch.plan.Plan` which
 observations this rank reads at each step, runs ``source.read`` (and the
 optional ``transform``, and the conversion to the output) on ``num_threads``
 background threads with up to ``prefetch`` steps in flight, and yields the
-steps in order.
+steps in order. A caller that would wait for a step not yet read reads a
+later one itself meanwhile, so an input-bound loop gets one more reader and
+is never slower than reading in the caller's thread alone.
 
 The sequence of batches depends only on (source, seed, epoch, batch_size,
 rank, world_size, shuffle, drop_last, block_size): never on ``num_threads`` or
@@ -129,7 +131,9 @@ class Loader:
         rank, world_size: default from torch.distributed, then ``RANK`` and
             ``WORLD_SIZE``, else 0 and 1 (logged once).
         prefetch: steps read ahead (0: read in the caller's thread).
-        num_threads: reader threads (0: read in the caller's thread).
+        num_threads: reader threads (0: read in the caller's thread). While
+            the next step is not ready and fewer than ``prefetch`` are in
+            flight, the caller's thread reads the next unclaimed step itself.
         drop_last: skip the epoch's tail (True) or pad the last step and add a
             boolean ``padding`` column (False). Every rank runs the same steps.
         output: ``"torch"`` (dict of tensors sharing the batch's memory),
@@ -391,15 +395,20 @@ class _Readers:
     prefetch`` and releases that slot's lock; the caller acquires the slots'
     locks in order. At most ``prefetch`` steps are claimed and not yet taken,
     so they occupy distinct slots. A handoff is a lock release and acquire and
-    a ticket put and get (``queue.SimpleQueue``, in C). The threads hold this
-    object, never the iterator, so a dropped pass's finalizer can stop them.
+    a ticket put and get (``queue.SimpleQueue``, in C). A caller whose next
+    step is not ready takes a free ticket too and produces a step itself
+    (:meth:`_help`): an idle caller is a free reader, and one that keeps
+    busy is not put to sleep and woken once a step (a few microseconds each
+    on a virtual machine, more when cores are busy). The
+    threads hold this object, never the iterator, so a dropped pass's
+    finalizer can stop them.
     """
 
     def __init__(self, produce: Callable[..., Any], steps: Iterator[tuple[int, int]],
                  prefetch: int, threads: int) -> None:
         self._produce = produce
         self._steps = steps
-        self._claim = threading.Lock()  # guards _steps, _claimed, _ended
+        self._claim_lock = threading.Lock()  # guards _steps, _claimed, _ended
         self._tickets: queue.SimpleQueue[bool] = queue.SimpleQueue()
         for _ in range(prefetch):
             self._tickets.put(True)
@@ -418,28 +427,61 @@ class _Readers:
 
     def _run(self) -> None:
         while self._tickets.get() and not self._stopped:
-            with self._claim:
-                if self._ended:
-                    return
-                seq = self._claimed
-                self._claimed += 1
-                step = next(self._steps, None)
-                self._ended = step is None
-            outcome: _Outcome | None = None  # the end of the pass
-            if step is not None:
-                try:
-                    outcome = (step, self._produce(*step), None)
-                except BaseException as error:  # re-raised in the caller at its step
-                    outcome = (step, None, error)
-            slot = seq % len(self._slots)
-            self._slots[slot] = outcome
-            self._filled[slot].release()
+            claimed = self._claim()
+            if claimed is None:
+                return
+            self._fill(*claimed, catch=BaseException)
+
+    def _claim(self) -> tuple[int, tuple[int, int] | None] | None:
+        """The next step (None: the end of the pass) and its sequence number, or
+        None when the pass had ended already. The caller holds a ticket."""
+        with self._claim_lock:
+            if self._ended:
+                return None
+            seq, step = self._claimed, next(self._steps, None)
+            self._claimed += 1
+            self._ended = step is None
+        return seq, step
+
+    def _fill(self, seq: int, step: tuple[int, int] | None, *,
+              catch: type[BaseException]) -> None:
+        """Produce ``step`` into slot ``seq % prefetch``; an error that is a
+        ``catch`` is kept there, to be re-raised in the caller at its step."""
+        outcome: _Outcome | None = None  # the end of the pass
+        if step is not None:
+            try:
+                outcome = (step, self._produce(*step), None)
+            except catch as error:
+                outcome = (step, None, error)
+        slot = seq % len(self._slots)
+        self._slots[slot] = outcome
+        self._filled[slot].release()
+
+    def _help(self) -> bool:
+        """Produce the next unclaimed step in the caller's thread if a slot is
+        free; False when none is (or the pass has ended). Its errors wait for
+        their step, but Ctrl-C and other BaseExceptions go up at once."""
+        try:
+            ticket = self._tickets.get_nowait()
+        except queue.Empty:
+            return False
+        claimed = self._claim() if ticket and not self._stopped else None
+        if claimed is None:
+            self._tickets.put(ticket)  # the slot stays free, or a stop's ticket stays
+            return False
+        self._fill(*claimed, catch=Exception)
+        return True
 
     def take(self) -> _Outcome | None:
-        """The next step's ``(step, item, error)`` in order, waiting for it; None
-        at the end of the pass or once stopped."""
+        """The next step's ``(step, item, error)`` in order, None at the end of
+        the pass or once stopped. While it is not ready, the caller's thread
+        produces later steps itself (:meth:`_help`) rather than wait idle."""
         slot = self._taken % len(self._slots)
-        self._filled[slot].acquire()
+        filled = self._filled[slot]
+        while not filled.acquire(blocking=False):
+            if not self._help():
+                filled.acquire()
+                break
         outcome, self._slots[slot] = self._slots[slot], None
         self._taken += 1
         self._tickets.put(True)

@@ -130,6 +130,14 @@ def _permute_range(
             position -= limit
 
 
+_NOGIL_FROM = 4096
+"""Ranges this long release the GIL while they are permuted; shorter ones (a
+batch's indices, ~1 us) keep it: handing the GIL to another thread and back
+costs more than the work when threads contend (a reader thread per step)."""
+
+_permute_range_holding = njit(cache=True)(_permute_range.py_func)
+
+
 def _check_length(n: object, name: str = "n") -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(n).__name__}")
@@ -249,7 +257,8 @@ class Feistel:
         True
         """
         out = np.empty(count, dtype=np.int64)
-        _permute_range(start % self._n, step % self._n, out, self._keys, self._half, self._limit)
+        permute = _permute_range if count >= _NOGIL_FROM else _permute_range_holding
+        permute(start % self._n, step % self._n, out, self._keys, self._half, self._limit)
         return out
 
     def _apply(
