@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -89,6 +90,17 @@ def test_to_torch_kinds() -> None:
     assert values.tolist() == [0, 2, 4, 0, 4, 0, 1, 4] and offsets.tolist() == [0, 3, 5, 8]
     with pytest.raises(ValueError, match="jagged"):
         batch.to_torch(jagged="list")  # type: ignore[arg-type]
+
+
+def test_to_torch_of_read_only_columns_shares_memory_without_a_warning() -> None:
+    frozen = np.arange(6, dtype=np.int64)
+    frozen.flags.writeable = False
+    batch = Batch.from_columns({"x": frozen, "y": np.arange(6.0)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's "not writable" warning would raise
+        out = batch.to_torch()
+    assert out["x"].data_ptr() == frozen.ctypes.data and out["x"].tolist() == list(range(6))
+    assert out["y"].data_ptr() == batch["y"].ctypes.data
 
 
 def test_to_torch_rebases_offsets_and_handles_views() -> None:

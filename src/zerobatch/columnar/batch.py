@@ -143,9 +143,13 @@ class Batch:
         def tensor(array: np.ndarray) -> Any:
             if any(s < 0 for s in array.strides):
                 array = np.ascontiguousarray(array)  # torch cannot view negative strides
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            if array.flags.writeable:  # the usual case: no warnings state to touch (~3 us)
                 out = torch.from_numpy(array)
+            else:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore",
+                                            message="The given NumPy array is not writable")
+                    out = torch.from_numpy(array)
             if pin_memory:
                 out = out.pin_memory()
             if device is not None:
