@@ -11,8 +11,11 @@ cache. Everything is measured in this run, passes interleaved, best of each:
    next read (as a ``for`` loop does: the reader's arena then alternates two
    buffers instead of reusing one), and CPU seconds per batch
    (``time.process_time``, all threads), which other processes on the machine
-   disturb less than wall time. Then the same over a source whose read
-   returns a prebuilt batch: what the plan and the Loader cost per step alone.
+   disturb less than wall time. "1 thread" is one background reader, plus
+   the caller's own thread, which reads a later step whenever the next one is
+   not ready (here: always, the consumer does nothing), so two threads read.
+   Then the same over a source whose read returns a prebuilt batch: what the
+   plan and the Loader cost per step alone.
 2. Overlap: a consumer that sleeps a fixed time per step (GIL-free, 2x and 5x
    the measured read time) times how long it waits in ``next()`` for data,
    with ``prefetch`` 0 and 2 (one reader thread).
@@ -112,9 +115,9 @@ def _overhead(windows: Any, steps: int, passes: int) -> dict[str, tuple[float, f
         del batch
         return steps
 
-    def loader(threads: int, output: str = "batch") -> Callable[[], int]:
+    def loader(threads: int, output: str = "batch", prefetch: int = 2) -> Callable[[], int]:
         def run() -> int:
-            with Loader(windows, BATCH, seed=1, num_threads=threads, prefetch=2,
+            with Loader(windows, BATCH, seed=1, num_threads=threads, prefetch=prefetch,
                         output=output) as source:  # type: ignore[arg-type]
                 for _ in itertools.islice(source, steps):
                     pass
@@ -126,8 +129,10 @@ def _overhead(windows: Any, steps: int, passes: int) -> dict[str, tuple[float, f
                   "plain loop, previous batch held": holding,
                   "Loader, 0 threads": loader(0),
                   "Loader, 1 thread": loader(1),
+                  "Loader, 1 thread, prefetch 4": loader(1, prefetch=4),
                   "Loader, 2 threads": loader(2),
-                  "Loader, 2 threads, torch output": loader(2, "torch")}, passes)
+                  "Loader, 2 threads, prefetch 4": loader(2, prefetch=4),
+                  "Loader, 1 thread, torch output": loader(1, "torch")}, passes)
 
 
 class Prebuilt:
@@ -420,9 +425,9 @@ def main() -> None:
 
         peers = _peers(work / "corpus", work)
         rates = _rates({
-            **{f"zerobatch Loader, {n} thread(s), torch output":
-               iter(Loader(windows, BATCH, seed=4, num_threads=n, epochs=None))
-               for n in (1, 2)},
+            **{f"zerobatch Loader, {n} thread(s), prefetch {p}, torch output":
+               iter(Loader(windows, BATCH, seed=4, num_threads=n, prefetch=p, epochs=None))
+               for n, p in ((1, 2), (1, 4), (2, 4))},
             **peers}, steps, args.passes)
         fastest = max((rates[name] for name in peers), default=float("nan"))
         print("3. Peers, same tokens (peers: input_ids and labels only)")

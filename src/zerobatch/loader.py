@@ -507,6 +507,7 @@ class _Iterator:
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
+        self._position = loader._position
         self._steps = loader.steps()  # the steps left to produce
         self._readers: _Readers | None = None
         self._finalizer: Any = None
@@ -539,7 +540,7 @@ class _Iterator:
         except BaseException:
             self.close()
             raise
-        self._loader.received(*step)
+        self._position.received(*step)
         return item
 
     def close(self) -> None:
