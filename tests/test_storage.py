@@ -1,13 +1,22 @@
-"""LocalStorage, both methods: batched reads into caller buffers, short reads, maps, close."""
+"""LocalStorage, both methods: batched reads into caller buffers, short reads, maps, close;
+``method="auto"`` and the mountinfo parser it resolves with."""
 
 from __future__ import annotations
 
+import os
+import pickle
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_stream_helpers import random_corpus, write
 
+from zerobatch import stream
 from zerobatch.storage import LocalStorage
+from zerobatch.storage.local import MOUNTINFO, file_system_type, is_network, resolve_method
 
 
 @pytest.fixture(params=["pread", "mmap"])
@@ -67,7 +76,7 @@ def test_read_into_after_close_and_empty_file(storage: LocalStorage) -> None:
 
 def test_pread_survives_a_file_shrinking_under_it(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(bytes(range(200)))
-    storage = LocalStorage(tmp_path)
+    storage = LocalStorage(tmp_path, method="pread")
     handle = storage.open("f")
     with open(tmp_path / "f", "r+b") as file:
         file.truncate(100)  # another process rewriting in place: reads come back short
@@ -77,8 +86,34 @@ def test_pread_survives_a_file_shrinking_under_it(tmp_path: Path) -> None:
     assert buffer[:10].tolist() == list(range(10))
 
 
+_TRUNCATE_WHILE_MAPPED = """
+import sys
+import numpy as np
+from pathlib import Path
+from zerobatch.storage import LocalStorage
+folder = Path(sys.argv[1])
+(folder / "f").write_bytes(bytes(3 * 65536))
+storage = LocalStorage(folder, method="mmap")
+handle = storage.open("f")
+with open(folder / "f", "r+b") as file:
+    file.truncate(4096)
+buffer = np.zeros(8, dtype=np.uint8)
+storage.read_into(np.array([handle]), np.array([2 * 65536]), np.array([8]), buffer, np.array([0]))
+"""
+
+
+def test_mmap_dies_of_a_file_truncated_while_mapped(tmp_path: Path) -> None:
+    """The trade-off ``method="pread"`` exists for: a mapped read past the new end
+    of a file truncated in place kills the process (SIGBUS), as with np.memmap."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_MAPPED, str(tmp_path)],
+                            capture_output=True, env=env)
+    assert result.returncode == -signal.SIGBUS, result.stderr.decode()
+
+
 def test_unknown_method(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="'pread' or 'mmap'"):
+    with pytest.raises(ValueError, match="method must be one of 'auto', 'pread', 'mmap', "
+                                         "got 'direct'"):
         LocalStorage(tmp_path, method="direct")  # type: ignore[arg-type]
 
 
@@ -94,3 +129,97 @@ def test_many_files_keep_their_handles(tmp_path: Path, method: str) -> None:
                              np.arange(40)) == -1
     assert buffer.tolist() == list(range(40))
     storage.close()
+
+
+# Crafted /proc/self/mountinfo text: ID, parent, dev, root, MOUNT POINT, options,
+# optional fields, "-", TYPE, source, super options.
+CRAFTED = """\
+27 1 254:0 / / rw,relatime - ext4 /dev/vda rw
+40 27 0:40 / /data rw,relatime shared:5 - nfs4 server:/export rw,vers=4.2
+41 40 0:41 / /data/local rw,relatime - xfs /dev/sdb1 rw
+42 27 0:42 / /mnt/my\\040disk rw - ext4 /dev/sdc1 rw
+43 27 0:43 / /mnt/bucket rw,nosuid master:7 shared:8 - fuse.gcsfuse bucket rw
+44 27 0:44 / /datasets rw - tmpfs tmpfs rw
+45 44 0:45 / /datasets rw - cifs //host/share rw
+not a mountinfo line
+"""
+
+
+@pytest.mark.parametrize(("path", "kind"), [
+    ("/home/me/ds", "ext4"),
+    ("/", "ext4"),
+    ("/data", "nfs4"),
+    ("/data/shards/00000.tokens", "nfs4"),
+    ("/data/local/ds", "xfs"),  # a mount nested in another: the longest mount point
+    ("/data/localized", "nfs4"),  # a prefix of the name, not a parent folder
+    ("/mnt/my disk/ds", "ext4"),  # \\040 in the mount point is a space
+    ("/mnt/my\\040disk/ds", "ext4"),  # no such folder: only the root mount holds it
+    ("/mnt/bucket/a", "fuse.gcsfuse"),  # optional fields before the separator
+    ("/datasets/x", "cifs"),  # stacked on one mount point: the last line wins
+])
+def test_file_system_type_from_mountinfo(path: str, kind: str) -> None:
+    assert file_system_type(path, CRAFTED) == kind
+
+
+def test_file_system_type_of_no_mount() -> None:
+    assert file_system_type("/data", "") is None
+    assert file_system_type("/data", CRAFTED.splitlines()[1] + "\n") == "nfs4"
+    assert file_system_type("/home", CRAFTED.splitlines()[1] + "\n") is None
+
+
+def test_auto_is_pread_without_mountinfo(tmp_path: Path) -> None:
+    """No mountinfo file (not Linux, or hidden): the safe method."""
+    missing = tmp_path / "missing" / "mountinfo"
+    assert resolve_method("auto", tmp_path, mountinfo=missing) == "pread"
+    assert resolve_method("mmap", tmp_path, mountinfo=missing) == "mmap"
+
+
+def test_auto_resolves_by_file_system(tmp_path: Path) -> None:
+    """Each file system type of a mountinfo file picks its method; explicit ones stay."""
+    mountinfo = tmp_path / "mountinfo"
+    for kind, method in [("ext4", "mmap"), ("tmpfs", "mmap"), ("overlay", "mmap"),
+                         ("nfs", "pread"), ("fuse.sshfs", "pread"), ("lustre", "pread")]:
+        mountinfo.write_text(f"27 1 254:0 / / rw - {kind} /dev/x rw\n")
+        assert resolve_method("auto", tmp_path, mountinfo=mountinfo) == method, kind
+        assert resolve_method("pread", tmp_path, mountinfo=mountinfo) == "pread"
+    mountinfo.write_text("")  # no mount holds the root: cannot tell
+    assert resolve_method("auto", tmp_path, mountinfo=mountinfo) == "pread"
+
+
+def _local_type(path: Path) -> str | None:
+    try:
+        return file_system_type(path.resolve(), Path(MOUNTINFO).read_text())
+    except OSError:
+        return None
+
+
+def test_default_maps_on_a_local_file_system(tmp_path: Path) -> None:
+    kind = _local_type(tmp_path)
+    if kind is None or is_network(kind):
+        pytest.skip(f"the temporary folder is on file system {kind!r}, not a local one "
+                    "(or its type cannot be read): auto picks pread there")
+    storage = LocalStorage(tmp_path)
+    assert storage.method == "mmap"
+    assert repr(storage) == f"LocalStorage({str(tmp_path)!r}, method='mmap')"
+    assert LocalStorage(tmp_path, method="pread").method == "pread"
+    # A copy keeps the method asked for, and resolves it again where it is loaded.
+    assert pickle.loads(pickle.dumps(storage)).__reduce__()[0].keywords == {"method": "auto"}
+    assert pickle.loads(pickle.dumps(storage)).method == "mmap"
+
+
+def test_default_reads_equal_both_methods(tmp_path: Path) -> None:
+    corpus = random_corpus(np.random.default_rng(9), docs=80, max_len=60)
+    path = write(tmp_path / "ds", corpus, metadata=None, mask=False, shard_tokens=500)
+    order = np.random.default_rng(1).permutation(len(stream.open_dataset(path).windows(16)))
+    columns = ("input_ids", "labels", "position_ids")
+    got = {}
+    for method in ("auto", "pread", "mmap"):
+        ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))
+        batch = ds.windows(16, columns=columns).read(order)
+        got[method] = {name: batch[name] for name in columns}
+        whole = ds.windows(16).read(order[:5])
+        got[method]["records"] = whole["input_ids"]
+    for method in ("pread", "mmap"):
+        for name, values in got["auto"].items():
+            np.testing.assert_array_equal(values, got[method][name], err_msg=f"{method} {name}")
+    assert len(order) > 30

@@ -56,8 +56,12 @@ def join(location: str | os.PathLike[str], name: str) -> str | Path:
 def open_storage(location: str | os.PathLike[str], **storage_options: Any) -> Any:
     """The ``Storage`` for the folder or prefix at ``location``.
 
-    Local paths and ``file://`` URLs give ``LocalStorage`` (``storage_options``
-    are its keyword arguments, e.g. ``method="mmap"``). ``s3://``, ``gs://`` and
+    Local paths and ``file://`` URLs give ``LocalStorage``; its one option is
+    ``method``: ``"auto"`` (default: memory maps on local file systems,
+    ``pread`` on network and FUSE ones and wherever the type cannot be told),
+    ``"mmap"`` or ``"pread"`` (use ``"pread"`` where files may be truncated in
+    place while a job reads them: a mapping then dies of SIGBUS, see
+    ``zerobatch.storage.local``). ``s3://``, ``gs://`` and
     ``az://`` give ``ObjectStorage`` (needs the ``cloud`` extra): credentials and
     endpoints come from the cloud's environment variables (``AWS_ACCESS_KEY_ID``,
     ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``, ``GOOGLE_SERVICE_ACCOUNT``,
@@ -72,5 +76,5 @@ def open_storage(location: str | os.PathLike[str], **storage_options: Any) -> An
     unknown = sorted(set(storage_options) - {"method"})
     if unknown:
         raise ValueError(f"{location!r} is a local path; storage_options {unknown} apply only "
-                         "to object-store URLs (LocalStorage takes method='pread'|'mmap')")
+                         "to object-store URLs (LocalStorage takes method='auto'|'pread'|'mmap')")
     return LocalStorage(local_path(location), **storage_options)
