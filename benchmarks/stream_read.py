@@ -15,19 +15,22 @@ column is the same in both): the two metadata read paths on the same bytes.
 A batch's span values are decoded when first used, so
 rows marked ``all tuples`` also build every ``(start, end, value)`` of every
 window: what a consumer that touches every span pays. zerobatch rows read
-through ``LocalStorage``'s default ``pread``; rows marked ``mmap`` copy tokens
-from read-only mappings instead.
+through ``LocalStorage``'s default ``method="auto"`` (memory maps on a local
+file system, ``pread`` on a network or FUSE one: the first line printed says
+what it chose for the temporary folder); rows marked ``mmap`` or ``pread``
+ask for that method explicitly.
 
 Then the issue-9 targets, on the plain dataset, in CPU time of the reading
 thread (``time.thread_time``, best of interleaved passes, so other processes'
 load does not count): ``columns=("input_ids", "labels")`` int64, and with
-``position_ids``, by ``pread`` and ``mmap``, against the limit: one vectorized
+``position_ids``, by the default method (``auto``, with what it resolved to),
+``pread`` and ``mmap``, against the limit: one vectorized
 NumPy gather of the same windows from a resident copy of the tokens (fancy
 indexing of a ``[windows, 2049]`` view) plus the int64 cast of inputs and
 labels into reused arrays. Rows marked ``read_into`` read the same columns
 through a ``Storage`` that is not ``LocalStorage`` (the records path: one
 batch of records, then the cast); ``reads only`` rows are the batch's 32
-reads of 4 KiB alone. Two threads: wall-clock batches/s of two threads
+reads of 4 KiB alone, by each method. Two threads: wall-clock batches/s of two threads
 calling ``read`` against one, and the share of a read's CPU time that holds
 the GIL (a read of no window, against a full one) with the speed-up it
 allows two threads on two idle cores (Amdahl). Cold start: fresh processes that import
@@ -58,6 +61,7 @@ from numpy.lib.stride_tricks import as_strided
 from zerobatch import stream
 from zerobatch.shuffle import Feistel
 from zerobatch.storage import LocalStorage
+from zerobatch.storage.local import MOUNTINFO, file_system_type
 
 SEQ_LEN, BATCH, SPAN = 2048, 32, 64
 V1_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids", "metadata")
@@ -132,7 +136,7 @@ def _plans(windows: stream.TokenWindows) -> list[np.ndarray]:
 
 
 def _reader(
-    path: Path, dtype: str = "int64", method: Literal["pread", "mmap"] = "pread",
+    path: Path, dtype: str = "int64", method: Literal["auto", "pread", "mmap"] = "auto",
     *, tuples: bool = False, columns: tuple[str, ...] | None = None,
 ) -> Step:
     """Read batches (``columns``: default all); with ``tuples``, also build every
@@ -230,8 +234,8 @@ def _cpu_times(steps: dict[str, Callable[[int], object]], batches: int,
 def _targets(path: Path) -> list[str]:
     """The single-thread rows against the gather limit, as table lines."""
     tokens = np.fromfile(path / "00000.tokens", dtype="<u2")  # resident: the limit's source
-    local = {m: LocalStorage(path, method=m) for m in ("pread", "mmap")}
-    datasets = {m: stream.open_dataset(path, storage=s) for m, s in local.items()}
+    local = {m: LocalStorage(path, method=m) for m in ("auto", "pread", "mmap")}
+    datasets = {_method_label(m, s): stream.open_dataset(path, storage=s) for m, s in local.items()}
     plans = _plans(datasets["mmap"].windows(SEQ_LEN))
     n = SEQ_LEN + 1
     rows = as_strided(tokens, ((len(tokens) - n) // SEQ_LEN + 1, n), (SEQ_LEN * 2, 2),
@@ -244,7 +248,8 @@ def _targets(path: Path) -> list[str]:
         np.copyto(out[1], windows[:, 1:])
 
     steps: dict[str, Callable[[int], object]] = {"limit: NumPy gather + int64 cast": limit}
-    for method, storage in local.items():  # the reads alone: 32 requests of 4 KiB
+    for method in ("pread", "mmap"):  # the reads alone: 32 requests of 4 KiB
+        storage = local[method]
         handle = storage.open("00000.tokens")
         records = np.empty(BATCH * n * 2, dtype=np.uint8)
         lengths, destinations = np.full(BATCH, n * 2), np.arange(BATCH) * n * 2
@@ -253,7 +258,7 @@ def _targets(path: Path) -> list[str]:
                 np.full(BATCH, h), plans[k] * SEQ_LEN * 2, ln, r, d)
         )(storage, handle, records, lengths, destinations)
     for label, columns in TARGET_COLUMNS.items():
-        for method in local:
+        for method in datasets:
             windows = datasets[method].windows(SEQ_LEN, columns=columns)
             steps[f"{label}, {method}"] = (lambda w: lambda k: w.read(plans[k]))(windows)
         forwarded = stream.open_dataset(path, storage=_Forwarding(local["mmap"]))  # type: ignore[arg-type]
@@ -271,14 +276,20 @@ def _targets(path: Path) -> list[str]:
     return lines
 
 
+def _method_label(method: str, storage: LocalStorage) -> str:
+    """``pread`` or ``mmap`` as asked, or ``default (auto: ...)`` with what it resolved to."""
+    return f"default (auto: {storage.method})" if method == "auto" else method
+
+
 def _threads(path: Path, seconds: float) -> list[str]:
     """Wall-clock batches/s of one and of two threads calling ``read``, each
     on its own batches, best of interleaved passes."""
     lines = [f"{'reader':<44}{'1 thread':>10}{'2 threads':>11}{'speed-up':>10}"
              f"{'GIL share':>11}{'bound':>7}  target"]
     lines.append("-" * len(lines[0]))
-    for method in ("pread", "mmap"):
-        ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))
+    for method in ("auto", "pread", "mmap"):
+        storage = LocalStorage(path, method=method)
+        ds, method = stream.open_dataset(path, storage=storage), _method_label(method, storage)
         for label, columns in TARGET_COLUMNS.items():
             windows = ds.windows(SEQ_LEN, columns=columns)
             plans = _plans(windows)
@@ -386,6 +397,11 @@ def main() -> None:
                         help="only the issue-9 targets (no metadata datasets)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="zerobatch-stream-bench-"))
+    method = LocalStorage(root).method
+    try:
+        kind = file_system_type(root.resolve(), Path(MOUNTINFO).read_text())
+    except OSError:
+        kind = None
     try:
         plain, ids, one = root / "plain", root / "ids", root / "one"
         # One shard, so the baselines can index the same bytes through one memmap.
@@ -404,6 +420,7 @@ def main() -> None:
         shutil.rmtree(root)
     print(f"windows of {SEQ_LEN} tokens, batch {BATCH}, Feistel order, uint16 tokens, warm "
           f"page cache, {args.tokens / 1e6:.0f} M tokens")
+    print(f"default method: auto -> {method} (file system of the temporary folder: {kind})")
     print("\n".join(["", *targets, "", *threads, "", *cold]))
     if not args.targets_only:
         print()
@@ -418,12 +435,15 @@ def _all_rates(plain: Path, ids: Path, one: Path, one_v1: Path,
         "zerobatch stored": _reader(plain, "stored"),
         "zerobatch int64, mmap": _reader(plain, method="mmap"),
         "zerobatch stored, mmap": _reader(plain, "stored", "mmap"),
+        "zerobatch int64, pread": _reader(plain, method="pread"),
+        "zerobatch stored, pread": _reader(plain, "stored", "pread"),
         **_baselines(plain),
         "zerobatch int64, spans [id, id]": _reader(ids),
         "zerobatch int64, spans id": _reader(one),
         "zerobatch int64, spans id, no document_metadata": _reader(one, columns=V1_COLUMNS),
         "zerobatch int64, spans id, version 1": _reader(one_v1),
         "zerobatch int64, spans id, mmap": _reader(one, method="mmap"),
+        "zerobatch int64, spans id, pread": _reader(one, method="pread"),
         "zerobatch int64, spans id, all tuples": _reader(one, tuples=True),
         "zerobatch int64, spans id, all tuples, version 1": _reader(one_v1, tuples=True),
         "zerobatch int64, spans [id, id], all tuples": _reader(ids, tuples=True),
@@ -440,7 +460,9 @@ def _print_rates(rates: dict[str, float], sizes: list[int]) -> None:
     print("-" * len(header))
     for name, rate in rates.items():
         tok = rate * BATCH * SEQ_LEN
-        plain_rate = rates["zerobatch int64, mmap" if "mmap" in name else "zerobatch int64"]
+        plain_rate = rates[next((f"zerobatch int64, {m}" for m in ("mmap", "pread")
+                                 if name.endswith(f", {m}") or f", {m}," in name),
+                                "zerobatch int64")]
         note = f"{rate / plain_rate:.2f}x no-metadata" if "spans" in name else ""
         print(f"{name:<44}{rate:>10.0f}{tok / 1e6:>9.1f}{tok * 2 / 1e6:>8.0f}"
               f"{rate / limit:>9.2f}{rate / fancy:>11.2f}  {note}")
