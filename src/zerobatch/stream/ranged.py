@@ -36,13 +36,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-import numba
 import numpy as np
 import numpy.typing as npt
 from numba import typed
 
 from zerobatch.storage.blocks import BlockCache
 from zerobatch.stream import _kernels as k
+from zerobatch.stream._tables import typed_tables
 from zerobatch.stream.manifest import (
     DOCS,
     META_DATA,
@@ -81,10 +81,7 @@ def _typed(tables: Sequence[np.ndarray], dtype: np.dtype) -> typed.List:
     """``tables`` (read-only, like mappings: one array type for Numba) as a typed list."""
     empty = np.zeros(0, dtype)
     empty.setflags(write=False)
-    out = typed.List.empty_list(numba.typeof(empty))
-    for table in tables:
-        out.append(table)
-    return out
+    return typed_tables(tables, empty)
 
 
 def _offsets(raw: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:

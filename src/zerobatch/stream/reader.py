@@ -23,7 +23,6 @@ from itertools import compress
 from pathlib import Path
 from typing import Any
 
-import numba
 import numpy as np
 import numpy.typing as npt
 from numba import typed
@@ -36,6 +35,7 @@ from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, o
 from zerobatch.storage.local import check_status
 from zerobatch.stream import _kernels as k
 from zerobatch.stream._arena import ALIGN, Arena, carve
+from zerobatch.stream._tables import typed_tables
 from zerobatch.stream.manifest import (
     DOCS,
     DOCUMENT_KIND,
@@ -219,9 +219,7 @@ class Dataset:
         ``problem`` (a message, or None when the table is sound; errors name
         ``field``)."""
         with self._lock:
-            tables = typed.List() if self._manifest.shards else typed.List.empty_list(
-                numba.typeof(np.empty(0, dtype))  # no shards: still a typed list
-            )
+            tables = []
             for i, shard in enumerate(self._manifest.shards):
                 raw = self._storage.map(shard.file(kind))
                 if raw.shape[0] % dtype.itemsize:
@@ -232,7 +230,9 @@ class Dataset:
                 if message is not None:
                     raise self._shard_error(i, kind, field, message)
                 tables.append(table)
-            return tables
+            empty = np.empty(0, dtype)
+            empty.setflags(write=False)  # typed like the mappings
+            return typed_tables(tables, empty)
 
     def _read_records(
         self, pieces: npt.NDArray[np.int64], requests: npt.NDArray[np.int64], closed: int,
