@@ -469,3 +469,17 @@ def test_direct_windows_from_threads(tmp_path: Path, method: str) -> None:
             np.testing.assert_array_equal(batch[name][row], model[name])
 
     _read_from_threads(windows, check)
+
+
+def test_typed_tables_of_none_one_and_several() -> None:
+    from zerobatch.stream._tables import typed_tables
+
+    empty = np.empty(0, np.int64)
+    empty.setflags(write=False)
+    tables = [np.arange(n, dtype=np.int64) for n in (3, 0, 5)]
+    for table in tables:
+        table.setflags(write=False)
+    assert len(typed_tables([], empty)) == 0
+    got = typed_tables(tables, empty)
+    assert [t.tolist() for t in got] == [t.tolist() for t in tables]
+    assert got[2].ctypes.data == tables[2].ctypes.data  # the tables themselves, not copies
