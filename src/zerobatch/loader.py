@@ -27,6 +27,7 @@ with another ``world_size``, ``batch_size``, ``prefetch`` or ``num_threads``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import queue
@@ -382,7 +383,7 @@ def _same(batch: Batch) -> Batch:
     return batch
 
 
-_Outcome = tuple[tuple[int, int], Any, BaseException | None]  # (step, item, error)
+_Outcome = tuple[Any, Any, BaseException | None]  # (step as the steps give it, item, error)
 
 
 class _Readers:
@@ -404,7 +405,7 @@ class _Readers:
     finalizer can stop them.
     """
 
-    def __init__(self, produce: Callable[..., Any], steps: Iterator[tuple[int, int]],
+    def __init__(self, produce: Callable[..., Any], steps: Iterator[Any],
                  prefetch: int, threads: int) -> None:
         self._produce = produce
         self._steps = steps
@@ -432,7 +433,7 @@ class _Readers:
                 return
             self._fill(*claimed, catch=BaseException)
 
-    def _claim(self) -> tuple[int, tuple[int, int] | None] | None:
+    def _claim(self) -> tuple[int, Any] | None:
         """The next step (None: the end of the pass) and its sequence number, or
         None when the pass had ended already. The caller holds a ticket."""
         with self._claim_lock:
@@ -443,14 +444,14 @@ class _Readers:
             self._ended = step is None
         return seq, step
 
-    def _fill(self, seq: int, step: tuple[int, int] | None, *,
+    def _fill(self, seq: int, step: Any, *,
               catch: type[BaseException]) -> None:
         """Produce ``step`` into slot ``seq % prefetch``; an error that is a
         ``catch`` is kept there, to be re-raised in the caller at its step."""
         outcome: _Outcome | None = None  # the end of the pass
         if step is not None:
             try:
-                outcome = (step, self._produce(*step), None)
+                outcome = (step, self._produce(step), None)
             except catch as error:
                 outcome = (step, None, error)
         slot = seq % len(self._slots)
@@ -502,18 +503,27 @@ class _Readers:
                     lock.release()
 
 
+def _produce(loader: Loader, planned: tuple[tuple[int, int], tuple[int, int]]) -> Any:
+    """``loader``'s output for a planned ``(step, the step after it)``."""
+    return loader.produce(*planned[0])
+
+
 class _Iterator:
     """One pass of a Loader: its steps, read by the caller or by :class:`_Readers`."""
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
         self._position = loader._position
-        self._steps = loader.steps()  # the steps left to produce
+        after = loader.plan.after
+        # The steps left to produce, each with the position that follows it,
+        # computed where the step is produced rather than when it is taken.
+        self._steps = ((step, after(*step)) for step in loader.steps())
         self._readers: _Readers | None = None
         self._finalizer: Any = None
         if loader._prefetch > 0 and loader._num_threads > 0:
-            self._readers = _Readers(loader.produce, self._steps, loader._prefetch,
-                                     loader._num_threads)
+            # The threads must not hold the iterator (see _Readers): produce through the loader.
+            self._readers = _Readers(functools.partial(_produce, loader), self._steps,
+                                     loader._prefetch, loader._num_threads)
             self._finalizer = weakref.finalize(self, self._readers.stop, wait=False)
             loader._threads = self._readers
         self._done = False
@@ -526,21 +536,22 @@ class _Iterator:
             raise StopIteration
         try:
             if self._readers is None:
-                step = next(self._steps, None)
-                if step is None:
+                planned = next(self._steps, None)
+                if planned is None:
                     raise StopIteration
-                item = self._loader.produce(*step)
+                item = _produce(self._loader, planned)
             else:
                 outcome = self._readers.take()
                 if outcome is None:
                     raise StopIteration
-                step, item, error = outcome
+                planned, item, error = outcome
                 if error is not None:
                     raise error
         except BaseException:
             self.close()
             raise
-        self._position.received(*step)
+        position = self._position  # received: at the step after this one
+        position.epoch, position.consumed = planned[1]
         return item
 
     def close(self) -> None:
