@@ -30,9 +30,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import queue
 import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -384,23 +384,29 @@ def _same(batch: Batch) -> Batch:
 
 
 _Outcome = tuple[Any, Any, BaseException | None]  # (step as the steps give it, item, error)
+_ENDED = object()  # _Readers._claim: the pass has ended
+_FIRST_PAUSE = 20e-6  # seconds a reader thread with no free slot first sleeps, doubling ...
+_LAST_PAUSE = 0.02  # ... up to this
 
 
 class _Readers:
     """``threads`` reader threads that produce a pass's steps into ``prefetch``
     ordered slots.
 
-    A thread takes a ticket (the caller returns one per step it takes, and
-    there are ``prefetch`` at the start), claims the next step and its sequence
-    number ``seq``, produces the step, stores the outcome in slot ``seq %
-    prefetch`` and releases that slot's lock; the caller acquires the slots'
-    locks in order. At most ``prefetch`` steps are claimed and not yet taken,
-    so they occupy distinct slots. A handoff is a lock release and acquire and
-    a ticket put and get (``queue.SimpleQueue``, in C). A caller whose next
-    step is not ready takes a free ticket too and produces a step itself
-    (:meth:`_help`): an idle caller is a free reader, and one that keeps
-    busy is not put to sleep and woken once a step (a few microseconds each
-    on a virtual machine, more when cores are busy). The
+    A thread claims the next step and its sequence number ``seq`` while fewer
+    than ``prefetch`` steps are claimed and not yet taken, produces it, stores
+    the outcome in slot ``seq % prefetch`` and releases that slot's lock; the
+    caller acquires the slots' locks in order. Claimed steps thus occupy
+    distinct slots, and memory holds at most ``prefetch`` of them.
+
+    The caller never wakes a thread: taking a step only counts it, and a
+    thread that found no free slot sleeps 20 us, then twice as long each time
+    up to 20 ms, and looks again. Waking a sleeping thread would cost the
+    caller a system call (and, on a virtual machine, an interrupt to another
+    core) inside every ``next()``; the sleeps cost the threads, not the caller,
+    and a thread back from a long one finds the caller already reading: a
+    caller whose next step is not ready claims a free slot and produces that
+    step itself (:meth:`_help`), so an idle caller is a free reader. The
     threads hold this object, never the iterator, so a dropped pass's
     finalizer can stop them.
     """
@@ -409,16 +415,14 @@ class _Readers:
                  prefetch: int, threads: int) -> None:
         self._produce = produce
         self._steps = steps
+        self._prefetch = prefetch
         self._claim_lock = threading.Lock()  # guards _steps, _claimed, _ended
-        self._tickets: queue.SimpleQueue[bool] = queue.SimpleQueue()
-        for _ in range(prefetch):
-            self._tickets.put(True)
         self._filled = [threading.Lock() for _ in range(prefetch)]  # held while empty
         for lock in self._filled:
             lock.acquire()
         self._slots: list[_Outcome | None] = [None] * prefetch
         self._claimed = 0
-        self._taken = 0
+        self._taken = 0  # written by the caller alone
         self._ended = False
         self._stopped = False
         self._threads = [threading.Thread(target=self._run, name=f"zerobatch-loader-{i}",
@@ -427,17 +431,25 @@ class _Readers:
             thread.start()
 
     def _run(self) -> None:
-        while self._tickets.get() and not self._stopped:
+        pause = _FIRST_PAUSE
+        while not self._stopped:
             claimed = self._claim()
-            if claimed is None:
+            if claimed is _ENDED:
                 return
+            if claimed is None:  # every slot is in use: look again later
+                time.sleep(pause)
+                pause = min(2 * pause, _LAST_PAUSE)
+                continue
+            pause = _FIRST_PAUSE
             self._fill(*claimed, catch=BaseException)
 
-    def _claim(self) -> tuple[int, Any] | None:
-        """The next step (None: the end of the pass) and its sequence number, or
-        None when the pass had ended already. The caller holds a ticket."""
+    def _claim(self) -> Any:
+        """``(seq, step)`` for the next step (step None: the end of the pass),
+        None when every slot is in use, or ``_ENDED`` once the pass has ended."""
         with self._claim_lock:
             if self._ended:
+                return _ENDED
+            if self._claimed - self._taken >= self._prefetch:
                 return None
             seq, step = self._claimed, next(self._steps, None)
             self._claimed += 1
@@ -454,7 +466,7 @@ class _Readers:
                 outcome = (step, self._produce(step), None)
             except catch as error:
                 outcome = (step, None, error)
-        slot = seq % len(self._slots)
+        slot = seq % self._prefetch
         self._slots[slot] = outcome
         self._filled[slot].release()
 
@@ -462,13 +474,8 @@ class _Readers:
         """Produce the next unclaimed step in the caller's thread if a slot is
         free; False when none is (or the pass has ended). Its errors wait for
         their step, but Ctrl-C and other BaseExceptions go up at once."""
-        try:
-            ticket = self._tickets.get_nowait()
-        except queue.Empty:
-            return False
-        claimed = self._claim() if ticket and not self._stopped else None
-        if claimed is None:
-            self._tickets.put(ticket)  # the slot stays free, or a stop's ticket stays
+        claimed = None if self._stopped else self._claim()
+        if claimed is None or claimed is _ENDED:
             return False
         self._fill(*claimed, catch=Exception)
         return True
@@ -477,24 +484,21 @@ class _Readers:
         """The next step's ``(step, item, error)`` in order, None at the end of
         the pass or once stopped. While it is not ready, the caller's thread
         produces later steps itself (:meth:`_help`) rather than wait idle."""
-        slot = self._taken % len(self._slots)
+        slot = self._taken % self._prefetch
         filled = self._filled[slot]
         while not filled.acquire(blocking=False):
             if not self._help():
                 filled.acquire()
                 break
         outcome, self._slots[slot] = self._slots[slot], None
-        self._taken += 1
-        self._tickets.put(True)
+        self._taken += 1  # frees the slot; a thread sees it when it looks next
         return outcome
 
     def stop(self, *, wait: bool) -> None:
-        """Stop the threads after their current step; ``wait``: join them, and
-        wake a caller waiting in :meth:`take` (it gets None). Call it from the
-        thread that takes, or once nothing takes any more."""
+        """Stop the threads after their current step (or pause, at most 20 ms);
+        ``wait``: join them, and wake a caller waiting in :meth:`take` (it gets
+        None). Call it from the thread that takes, or once nothing takes any more."""
         self._stopped = True
-        for _ in self._threads:  # wake threads waiting for a ticket
-            self._tickets.put(False)
         if wait:
             for thread in self._threads:
                 thread.join()
