@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerobatch.plan import Plan, epoch_seed
+from zerobatch.plan import Plan, Position, epoch_seed
 
 
 def _epoch(length: int, resumes: list[tuple[int, int, int]], *, seed: int, drop_last: bool,
@@ -128,3 +130,18 @@ def test_indices_are_the_order_at_the_rank_positions(length, world, batch, seed,
     assert indices.dtype == np.int64
     assert indices.tolist() == (wrapped if order is None else [order(p) for p in wrapped])
     assert padding.tolist() == [p >= length for p in positions]
+
+
+@given(length=st.integers(0, 200), batch=st.integers(1, 9), world=st.integers(1, 4),
+       drop_last=st.booleans(), epochs=st.integers(1, 3), start=st.integers(0, 200))
+@settings(max_examples=60, deadline=None)
+def test_planned_steps_carry_the_step_after_each(length, batch, world, drop_last, epochs,
+                                                 start):
+    plan = Plan(length, batch, world_size=world, drop_last=drop_last)
+    position = Position(plan)
+    if plan.steps(min(start, length)):
+        position.consumed = min(start, length)
+    planned = list(position.planned(epochs))
+    assert [step for step, _ in planned] == list(position.steps(epochs))
+    for (step, after), following in itertools.pairwise(planned):
+        assert after == plan.after(*step) == following[0]

@@ -518,10 +518,9 @@ class _Iterator:
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
         self._position = loader._position
-        after = loader.plan.after
-        # The steps left to produce, each with the position that follows it,
-        # computed where the step is produced rather than when it is taken.
-        self._steps = ((step, after(*step)) for step in loader.steps())
+        # The steps left to produce, each with the position after it: next()
+        # only stores that, the plan's arithmetic ran where the step was produced.
+        self._steps = loader._position.planned(loader._epochs)
         self._readers: _Readers | None = None
         self._finalizer: Any = None
         if loader._prefetch > 0 and loader._num_threads > 0:

@@ -231,8 +231,13 @@ class Position:
     def steps(self, epochs: int | None) -> Iterator[tuple[int, int]]:
         """The steps ``(epoch, consumed)`` from here to the end of ``epochs``
         epochs (None: forever), fixed when called; the position itself does not move."""
+        return (step for step, _ in self.planned(epochs))
+
+    def planned(self, epochs: int | None) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
+        """:meth:`steps`, each with the step after it: ``((epoch, consumed),
+        (epoch, consumed) after)``, where the position moves once it is received."""
         epoch, consumed = self.step
-        return _steps(self.plan, epoch, consumed, None if epochs is None else epoch + epochs)
+        return _planned(self.plan, epoch, consumed, None if epochs is None else epoch + epochs)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able: version, seed, epoch, consumed (global positions, the same
@@ -279,7 +284,9 @@ class Position:
         return (epoch + 1, 0) if self.plan.steps(consumed) == 0 else (epoch, consumed)
 
 
-def _steps(plan: Plan, epoch: int, consumed: int, last: int | None) -> Iterator[tuple[int, int]]:
+def _planned(plan: Plan, epoch: int, consumed: int, last: int | None
+             ) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
     while last is None or epoch < last:
-        yield epoch, consumed
-        epoch, consumed = plan.after(epoch, consumed)
+        after = plan.after(epoch, consumed)
+        yield (epoch, consumed), after
+        epoch, consumed = after
