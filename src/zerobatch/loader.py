@@ -32,7 +32,6 @@ import logging
 import os
 import sys
 import threading
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -399,13 +398,13 @@ class _Readers:
     caller acquires the slots' locks in order. Claimed steps thus occupy
     distinct slots, and memory holds at most ``prefetch`` of them.
 
-    The caller never wakes a thread: taking a step only counts it, and a
-    thread that found no free slot sleeps 20 us, then twice as long each time
-    up to 20 ms, and looks again. Waking a sleeping thread would cost the
-    caller a system call (and, on a virtual machine, an interrupt to another
-    core) inside every ``next()``; the sleeps cost the threads, not the caller,
-    and a thread back from a long one finds the caller already reading: a
-    caller whose next step is not ready claims a free slot and produces that
+    A caller that finds its step ready never wakes a thread: taking a step
+    only counts it, and a thread that found no free slot sleeps 20 us, then
+    twice as long each time up to 20 ms, and looks again. Waking it would cost
+    the caller a system call (and, on a virtual machine, an interrupt to
+    another core) inside every ``next()`` of a loop that is not input-bound.
+    A caller whose step is *not* ready does wake the sleeping threads (it has
+    nothing better to do) and meanwhile claims a free slot and produces that
     step itself (:meth:`_help`), so an idle caller is a free reader. The
     threads hold this object, never the iterator, so a dropped pass's
     finalizer can stop them.
@@ -425,6 +424,7 @@ class _Readers:
         self._taken = 0  # written by the caller alone
         self._ended = False
         self._stopped = False
+        self._wanted = threading.Event()  # set by a caller whose step is not ready
         self._threads = [threading.Thread(target=self._run, name=f"zerobatch-loader-{i}",
                                           daemon=True) for i in range(threads)]
         for thread in self._threads:
@@ -433,11 +433,12 @@ class _Readers:
     def _run(self) -> None:
         pause = _FIRST_PAUSE
         while not self._stopped:
+            self._wanted.clear()  # before looking: a caller's set() after it is kept
             claimed = self._claim()
             if claimed is _ENDED:
                 return
-            if claimed is None:  # every slot is in use: look again later
-                time.sleep(pause)
+            if claimed is None:  # every slot is in use: look again later, or when wanted
+                self._wanted.wait(pause)
                 pause = min(2 * pause, _LAST_PAUSE)
                 continue
             pause = _FIRST_PAUSE
@@ -487,6 +488,7 @@ class _Readers:
         slot = self._taken % self._prefetch
         filled = self._filled[slot]
         while not filled.acquire(blocking=False):
+            self._wanted.set()  # input-bound: a sleeping thread should look now
             if not self._help():
                 filled.acquire()
                 break
@@ -499,6 +501,7 @@ class _Readers:
         ``wait``: join them, and wake a caller waiting in :meth:`take` (it gets
         None). Call it from the thread that takes, or once nothing takes any more."""
         self._stopped = True
+        self._wanted.set()
         if wait:
             for thread in self._threads:
                 thread.join()
