@@ -145,3 +145,11 @@ def test_planned_steps_carry_the_step_after_each(length, batch, world, drop_last
     assert [step for step, _ in planned] == list(position.steps(epochs))
     for (step, after), following in itertools.pairwise(planned):
         assert after == plan.after(*step) == following[0]
+
+
+def test_padding_of_a_dropped_tail_plan_is_all_false_and_read_only():
+    plan = Plan(100, 8, world_size=3, seed=5)
+    _, padding = plan.indices(0, 24, 2)
+    assert padding.tolist() == [False] * 8
+    with pytest.raises(ValueError):
+        padding[0] = True  # shared by every step: never writable

@@ -65,6 +65,14 @@ def _order(length: int, seed: int, epoch: int, block_size: int | None) -> Feiste
     return BlockShuffle(length, block_size, epoch_seed(seed, epoch))
 
 
+@functools.lru_cache(maxsize=16)
+def _no_padding(count: int) -> npt.NDArray[np.bool_]:
+    """``count`` False values, read-only (shared by every step of that size)."""
+    padding = np.zeros(count, dtype=np.bool_)
+    padding.setflags(write=False)
+    return padding
+
+
 def _positive(name: str, value: object, *, maximum: int = MAX_LENGTH) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -178,8 +186,11 @@ class Plan:
                              f"(length={self.length}, step_size={self.step_size})")
         first = int(consumed) + self.check_rank(rank)
         count, stride, length = self.batch_size, self.world_size, int(self.length)
-        padding = np.zeros(count, dtype=np.bool_)
-        padding[max(0, -(-(length - first) // stride)):] = True  # positions >= length
+        if self.drop_last:  # a step left is a whole step: nothing pads it
+            padding = _no_padding(count)
+        else:
+            padding = np.zeros(count, dtype=np.bool_)
+            padding[max(0, -(-(length - first) // stride)):] = True  # positions >= length
         order = self.order(epoch)
         if isinstance(order, Feistel):
             return order.strided(first, count, stride), padding
