@@ -17,7 +17,12 @@ Measures, in one run, on the same bytes (zerobatch writes byte-identical files):
     ``sync_file_range``), as it was before; zerobatch without fsync
     (``os.fsync`` made a no-op for the call); zerobatch with neither (the
     page-cache write alone, the work the copy limit bounds); safetensors'
-    ``save_file``, which does not fsync. Each gets its best wall time and its
+    ``save_file``, which does not fsync; and two references: the page-cache
+    write split over two threads (``pwrite`` of two halves into one
+    preallocated file, no fsync: ext4 serialises buffered writes to one file,
+    so it shows whether threads could help), and the disk alone (``O_DIRECT``
+    writes of 64 MiB from an aligned buffer, then fsync: what any durable save
+    waits for). Each gets its best wall time and its
     best CPU time of the calling thread (``time.thread_time``: kernel copies
     included, time spent waiting for the disk or for a core excluded; without
     ``CONFIG_IRQ_TIME_ACCOUNTING``, interrupts that land while the thread runs,
@@ -39,6 +44,7 @@ import os
 import random
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -176,8 +182,36 @@ def save_limits(folder: Path, tensors: dict[str, np.ndarray], repeats: int
         with mock.patch("os.fsync"):
             no_early_writeback()
 
+    def two_threads() -> None:  # the page-cache write split over two threads
+        half = size // 2
+        descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.posix_fallocate(descriptor, 0, size)
+            threads = [threading.Thread(target=_pwrite_all, args=(descriptor, part, start))
+                       for part, start in ((source[:half], 0), (source[half:], half))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            os.close(descriptor)
+
+    aligned = _aligned(size)
+
+    def disk() -> None:  # the disk's own limit: no page cache, then fsync
+        descriptor = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT,
+                             0o600)
+        try:
+            for start in range(0, size, 64 << 20):
+                _pwrite_all(descriptor, aligned[start : start + (64 << 20)], start)
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
     writers: dict[str, Callable[[], Any]] = {
         "np.copyto (copy limit)": lambda: np.copyto(destination, source),
+        "page cache, 2 threads, pwrite": two_threads,
+        **({"disk: O_DIRECT writes + fsync": disk} if _direct_io(folder) else {}),
         "zerobatch save_file (fsync)": full,
         "zerobatch, no early writeback": no_early_writeback,
         "zerobatch, no fsync": no_fsync,
@@ -201,6 +235,32 @@ def save_limits(folder: Path, tensors: dict[str, np.ndarray], repeats: int
             for name, runs in times.items()}
 
 
+def _pwrite_all(descriptor: int, data: np.ndarray, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(descriptor, view[done:], offset + done)
+
+
+def _direct_io(folder: Path) -> bool:
+    """Whether files in ``folder`` open with O_DIRECT (tmpfs: no)."""
+    probe = folder / "direct.probe"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def _aligned(size: int) -> np.ndarray:
+    """``size`` bytes of ones at a 4 KiB-aligned address (what O_DIRECT needs)."""
+    raw = np.ones(size + 4096, np.uint8)
+    start = -raw.ctypes.data % 4096
+    return raw[start : start + size]
+
+
 def print_save_limits(best: dict[str, tuple[float, float]], label: str, where: str) -> None:
     copy_wall, copy_cpu = best["np.copyto (copy limit)"]
     theirs_wall, theirs_cpu = best["safetensors save_file"]
@@ -209,8 +269,12 @@ def print_save_limits(best: dict[str, tuple[float, float]], label: str, where: s
     print(f"{'writer':31} {'wall ms':>9} {'x copy':>7} {'st/w':>6} {'CPU ms':>9} "
           f"{'x copy':>7} {'st/w':>6}")
     for name, (wall, cpu) in best.items():
-        print(f"{name:31} {wall * 1e3:9.1f} {wall / copy_wall:7.2f} {theirs_wall / wall:6.2f} "
-              f"{cpu * 1e3:9.1f} {cpu / copy_cpu:7.2f} {theirs_cpu / cpu:6.2f}")
+        line = f"{name:31} {wall * 1e3:9.1f} {wall / copy_wall:7.2f} {theirs_wall / wall:6.2f}"
+        if name.startswith(("page cache, 2 threads", "disk:")):
+            line += f" {'(work not on the calling thread)':>24}"
+        else:
+            line += f" {cpu * 1e3:9.1f} {cpu / copy_cpu:7.2f} {theirs_cpu / cpu:6.2f}"
+        print(line)
 
 
 def main() -> None:
