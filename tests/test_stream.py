@@ -472,6 +472,8 @@ def test_direct_windows_from_threads(tmp_path: Path, method: str) -> None:
 
 
 def test_typed_tables_of_none_one_and_several() -> None:
+    import numba
+
     from zerobatch.stream._tables import typed_tables
 
     empty = np.empty(0, np.int64)
@@ -483,3 +485,8 @@ def test_typed_tables_of_none_one_and_several() -> None:
     got = typed_tables(tables, empty)
     assert [t.tolist() for t in got] == [t.tolist() for t in tables]
     assert got[2].ctypes.data == tables[2].ctypes.data  # the tables themselves, not copies
+    writable = np.arange(4, dtype=np.int64)  # e.g. built from fetched blocks
+    mixed = typed_tables([writable, tables[0]], empty)
+    assert numba.typeof(mixed) == numba.typeof(got)  # one list type: one compile, cached
+    assert not mixed[0].flags.writeable and writable.flags.writeable
+    assert mixed[0].ctypes.data == writable.ctypes.data

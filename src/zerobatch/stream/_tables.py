@@ -18,11 +18,10 @@ __all__ = ["typed_tables"]
 
 
 @njit(cache=True)
-def _list_of(first: np.ndarray, keep: bool) -> typed.List:
+def _empty_like(example: np.ndarray) -> typed.List:
     out = typed.List()
-    out.append(first)
-    if not keep:
-        out.pop()
+    out.append(example)  # types the list
+    out.pop()
     return out
 
 
@@ -32,9 +31,13 @@ def _append(out: typed.List, table: np.ndarray) -> None:
 
 
 def typed_tables(tables: Sequence[np.ndarray], empty: np.ndarray) -> typed.List:
-    """``tables`` as a typed list (each of ``empty``'s array type: same dtype,
-    dimensions and writability); ``empty`` only types the list when there are none."""
-    out = _list_of(tables[0] if tables else empty, bool(tables))
-    for table in tables[1:]:
+    """``tables`` as a typed list of ``empty``'s array type (dtype, dimensions,
+    layout, writability): a writable table joins a read-only list as a
+    read-only view, so every caller compiles the same two kernels once."""
+    out = _empty_like(empty)
+    for table in tables:
+        if table.flags.writeable and not empty.flags.writeable:
+            table = table.view()
+            table.flags.writeable = False
         _append(out, table)
     return out
