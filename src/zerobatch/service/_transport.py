@@ -327,17 +327,20 @@ class Channel:
         self._next_id += 1
         request_id = self._next_id
         message = [encode_header({**header, "id": request_id}), *payload]
-        if not self._socket.poll(int(self.timeout * 1000), zmq.POLLOUT):
-            raise TimeoutError(f"{self.address}: could not send within {self.timeout} s")
-        self._socket.send_multipart(message, copy=False)
+        deadline = _now() + self.timeout
+        while True:  # never a blocking send: the peer may vanish between poll and send
+            try:
+                self._socket.send_multipart(message, copy=False, flags=zmq.NOBLOCK)
+                break
+            except zmq.Again:
+                left = deadline - _now()
+                if left <= 0 or not self._socket.poll(int(left * 1000) + 1, zmq.POLLOUT):
+                    raise self._no_reply() from None
         deadline = _now() + self.timeout
         while True:
             left = deadline - _now()
             if left <= 0 or not self._socket.poll(int(left * 1000) + 1, zmq.POLLIN):
-                raise TimeoutError(
-                    f"{self.address}: no reply within {self.timeout} s (server down or "
-                    "unreachable, or its CURVE key refused ours)"
-                )
+                raise self._no_reply()
             frames = self._socket.recv_multipart(copy=False)
             reply = parse_header(frames[0].buffer)
             if reply.get("id") != request_id:
@@ -345,6 +348,12 @@ class Channel:
             if not reply.get("ok"):
                 raise ServiceError(str(reply.get("error")), address=self.address)
             return reply, [f.buffer for f in frames[1:]]
+
+    def _no_reply(self) -> TimeoutError:
+        return TimeoutError(
+            f"{self.address}: no reply within {self.timeout} s (server down or unreachable, "
+            "or its CURVE key refused ours)"
+        )
 
     def close(self) -> None:
         """Close the socket (never blocks; idempotent)."""
