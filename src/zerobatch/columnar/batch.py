@@ -87,9 +87,10 @@ class Batch:
         ``from_columns``. Cost: O(1) + one int8 and one int32 array of B.
         """
         rows = indexes.shape[0]
-        meta = BatchMeta._build(
-            indexes, PartitionIds.of("", rows), np.ones(rows, dtype=np.int8), schema, {}, {}
-        )
+        ready = np.empty(rows, dtype=np.int8)
+        ready.fill(1)  # np.ones, without its Python-level wrapper (~0.4 us)
+        partitions = PartitionIds(np.zeros(rows, dtype=np.int32), ("",))  # .of("", rows)
+        meta = BatchMeta._build(indexes, partitions, ready, schema, {}, {})
         batch = cls.__new__(cls)
         batch.meta = meta
         batch._columns = columns
