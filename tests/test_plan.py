@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -107,7 +108,7 @@ def test_bad_arguments():
         Plan(10, 1, world_size=2).indices(0, 0, 2)
     with pytest.raises(ValueError, match="consumed"):
         Plan(10, 1).indices(0, 11, 0)
-    with pytest.raises(ValueError, match="no step left"):
+    with pytest.raises(ValueError, match="no step"):
         Plan(10, 4).indices(0, 8, 0)
     with pytest.raises(TypeError, match="length"):
         Plan(1.5, 1)  # type: ignore[arg-type]
@@ -133,18 +134,41 @@ def test_indices_are_the_order_at_the_rank_positions(length, world, batch, seed,
 
 
 @given(length=st.integers(0, 200), batch=st.integers(1, 9), world=st.integers(1, 4),
-       drop_last=st.booleans(), epochs=st.integers(1, 3), start=st.integers(0, 200))
-@settings(max_examples=60, deadline=None)
-def test_planned_steps_carry_the_step_after_each(length, batch, world, drop_last, epochs,
-                                                 start):
-    plan = Plan(length, batch, world_size=world, drop_last=drop_last)
+       drop_last=st.booleans(), epochs=st.integers(1, 3), start=st.integers(0, 200),
+       chunk=st.integers(1, 40), data=st.data())
+@settings(max_examples=80, deadline=None)
+def test_planned_steps_carry_the_step_after_each_and_its_indices(
+        length, batch, world, drop_last, epochs, start, chunk, data):
+    plan = Plan(length, batch, world_size=world, drop_last=drop_last, seed=3)
+    rank = data.draw(st.integers(0, world - 1))
     position = Position(plan)
     if plan.steps(min(start, length)):
         position.consumed = min(start, length)
-    planned = list(position.planned(epochs))
-    assert [step for step, _ in planned] == list(position.steps(epochs))
-    for (step, after), following in itertools.pairwise(planned):
+    with mock.patch("zerobatch.plan._CHUNK", chunk):  # chunks end anywhere in an epoch
+        planned = list(position.planned(epochs, rank))
+    if plan.steps(0) == 0:
+        assert planned == []
+        return
+    assert [step for step, *_ in planned] == list(position.steps(epochs))
+    for (step, after, *_), following in itertools.pairwise(planned):
         assert after == plan.after(*step) == following[0]
+    for step, _, indices, padding in planned:
+        expected, expected_padding = plan.indices(*step, rank)
+        assert indices.tolist() == expected.tolist()
+        assert padding.tolist() == expected_padding.tolist()
+    assert planned[-1][1] == plan.after(*planned[-1][0])
+
+
+def test_rank_indices_rows_are_the_steps_and_refuse_past_the_epoch():
+    plan = Plan(1000, 8, world_size=3, seed=5)
+    rows = plan.rank_indices(0, 24, 2, steps=5)
+    assert rows.shape == (5, 8)
+    for j in range(5):
+        assert rows[j].tolist() == plan.indices(0, 24 + 24 * j, 2)[0].tolist()
+    with pytest.raises(ValueError, match="41 step"):
+        plan.rank_indices(0, 0, 0, steps=42)
+    with pytest.raises(ValueError, match="asked for 0"):
+        plan.rank_indices(0, 0, 0, steps=0)
 
 
 def test_padding_of_a_dropped_tail_plan_is_all_false_and_read_only():

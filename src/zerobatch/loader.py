@@ -41,7 +41,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.columnar import Batch
-from zerobatch.plan import Plan, Position
+from zerobatch.plan import Plan, Planned, Position
 
 __all__ = ["Loader", "Source", "fingerprint", "read_step", "resolve_rank"]
 
@@ -99,8 +99,14 @@ def read_step(source: Any, plan: Plan, epoch: int, consumed: int, rank: int) -> 
     boolean ``padding`` column (True on rows that pad the epoch's last step).
     What the Loader, ``zerobatch.torch`` and ``BatchServer`` read at a step."""
     indices, padding = plan.indices(epoch, consumed, rank)
+    return _read(source, indices, None if plan.drop_last else padding)
+
+
+def _read(source: Any, indices: npt.NDArray[np.int64],
+          padding: npt.NDArray[np.bool_] | None) -> Batch:
+    """``source.read(indices)``, with the ``padding`` column unless it is None."""
     batch = source.read(indices)
-    if plan.drop_last:
+    if padding is None:
         return batch
     columns = batch.to_numpy()
     columns["padding"] = padding
@@ -317,11 +323,18 @@ class Loader:
 
         With ``output="jax"``, ``zerobatch.jax.GlobalSteps`` says which
         observations this process reads: the rows its devices hold."""
+        indices, padding = self._plan.indices(epoch, consumed, self._rank)
+        return self._produce(epoch, consumed, indices, padding)
+
+    def _produce(self, epoch: int, consumed: int, indices: npt.NDArray[np.int64],
+                 padding: npt.NDArray[np.bool_]) -> Any:
+        """:meth:`produce` with the rank's ``indices`` and ``padding`` at the step
+        already computed (:func:`zerobatch.plan.rank_steps`)."""
         convert = self._converter()
         if self._global is not None:
             batch = self._source.read(self._global.indices(consumed, self._plan.order(epoch)))
         else:
-            batch = read_step(self._source, self._plan, epoch, consumed, self._rank)
+            batch = _read(self._source, indices, None if self._plan.drop_last else padding)
         if self._transform is not None:
             batch = self._transform(batch)
         return convert(batch)
@@ -510,9 +523,10 @@ class _Readers:
                     lock.release()
 
 
-def _produce(loader: Loader, planned: tuple[tuple[int, int], tuple[int, int]]) -> Any:
-    """``loader``'s output for a planned ``(step, the step after it)``."""
-    return loader.produce(*planned[0])
+def _produce(loader: Loader, planned: Planned) -> Any:
+    """``loader``'s output for a planned step."""
+    (epoch, consumed), _, indices, padding = planned
+    return loader._produce(epoch, consumed, indices, padding)
 
 
 class _Iterator:
@@ -523,7 +537,7 @@ class _Iterator:
         self._position = loader._position
         # The steps left to produce, each with the position after it: next()
         # only stores that, the plan's arithmetic ran where the step was produced.
-        self._steps = loader._position.planned(loader._epochs)
+        self._steps = loader._position.planned(loader._epochs, loader._rank)
         self._readers: _Readers | None = None
         self._finalizer: Any = None
         if loader._prefetch > 0 and loader._num_threads > 0:

@@ -43,7 +43,7 @@ import numpy.typing as npt
 
 from zerobatch.shuffle import MAX_LENGTH, BlockShuffle, Feistel, _splitmix64
 
-__all__ = ["STATE_VERSION", "Plan", "Position", "epoch_seed"]
+__all__ = ["STATE_VERSION", "Plan", "Planned", "Position", "epoch_seed", "rank_steps"]
 
 STATE_VERSION = 1
 """The version of :meth:`Position.state_dict`'s layout."""
@@ -181,23 +181,75 @@ class Plan:
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
         """Rank ``rank``'s observations in ``epoch``'s step starting at ``consumed``,
         and which of them pad the epoch's last step. O(batch_size)."""
-        if self.steps(consumed) == 0:
-            raise ValueError(f"epoch has no step left at position {consumed} "
-                             f"(length={self.length}, step_size={self.step_size})")
+        return self.rank_indices(epoch, consumed, rank)[0], self.padding(consumed, rank)
+
+    def rank_indices(self, epoch: int, consumed: int, rank: int,
+                     steps: int = 1) -> npt.NDArray[np.int64]:
+        """Rank ``rank``'s observations in ``steps`` consecutive steps of ``epoch``
+        from ``consumed``, one row a step (``steps x batch_size``), computed in
+        one kernel call: a rank's positions in consecutive steps are one stride.
+        O(steps * batch_size)."""
+        left = self.steps(consumed)
+        if not 1 <= steps <= left:
+            raise ValueError(f"epoch has {left or 'no'} step(s) left at position {consumed}, "
+                             f"asked for {steps} (length={self.length}, "
+                             f"step_size={self.step_size})")
         first = int(consumed) + self.check_rank(rank)
-        count, stride, length = self.batch_size, self.world_size, int(self.length)
-        if self.drop_last:  # a step left is a whole step: nothing pads it
-            padding = _no_padding(count)
-        else:
-            padding = np.zeros(count, dtype=np.bool_)
-            padding[max(0, -(-(length - first) // stride)):] = True  # positions >= length
+        count, stride, length = steps * self.batch_size, self.world_size, int(self.length)
         order = self.order(epoch)
         if isinstance(order, Feistel):
-            return order.strided(first, count, stride), padding
-        steps = np.arange(count, dtype=np.uint64)  # unsigned: first may pass 2**63 - 1
-        wrapped = (np.uint64(first) + np.uint64(stride) * steps) % np.uint64(length)
-        positions = wrapped.astype(np.int64)
-        return (positions if order is None else order(positions)), padding
+            flat = order.strided(first, count, stride)
+        else:
+            offsets = np.arange(count, dtype=np.uint64)  # unsigned: first may pass 2**63 - 1
+            flat = ((np.uint64(first) + np.uint64(stride) * offsets)
+                    % np.uint64(length)).astype(np.int64)
+            if order is not None:
+                flat = order(flat)
+        return flat.reshape(steps, self.batch_size)
+
+    def padding(self, consumed: int, rank: int) -> npt.NDArray[np.bool_]:
+        """Which of rank ``rank``'s rows in the step starting at ``consumed`` pad
+        the epoch's last step (positions past ``length``); read-only when none can."""
+        if self.drop_last:  # a step left is a whole step: nothing pads it
+            return _no_padding(self.batch_size)
+        first = int(consumed) + self.check_rank(rank)
+        padding = np.zeros(self.batch_size, dtype=np.bool_)
+        padding[max(0, -(-(int(self.length) - first) // self.world_size)):] = True
+        return padding
+
+
+Planned = tuple[tuple[int, int], tuple[int, int], npt.NDArray[np.int64], npt.NDArray[np.bool_]]
+"""A step as :func:`rank_steps` yields it: ``((epoch, consumed), (epoch, consumed)
+after it, the rank's indices, its padding mask)``."""
+
+_CHUNK = 2048
+"""Positions :func:`rank_steps` computes in one call (at least one step):
+Feistel's ~1 us of call overhead is then a few nanoseconds a step."""
+
+
+def rank_steps(plan: Plan, rank: int, epoch: int, consumed: int,
+               epochs: int | None) -> Iterator[Planned]:
+    """The steps of rank ``rank`` from ``(epoch, consumed)`` to the end of
+    ``epochs`` epochs (None: forever), each with the step after it and its
+    indices (:meth:`Plan.indices`), computed a chunk of steps at a time."""
+    rank = plan.check_rank(rank)
+    if plan.steps(0) == 0:
+        return
+    last = None if epochs is None else epoch + epochs
+    chunk, step_size = max(1, _CHUNK // plan.batch_size), plan.step_size
+    whole = _no_padding(plan.batch_size)  # only an epoch's last step can pad
+    while last is None or epoch < last:
+        left = plan.steps(consumed)
+        while left:
+            rows = plan.rank_indices(epoch, consumed, rank, min(chunk, left))
+            for row in rows:
+                left -= 1
+                if left:
+                    yield (epoch, consumed), (epoch, consumed + step_size), row, whole
+                else:
+                    yield (epoch, consumed), (epoch + 1, 0), row, plan.padding(consumed, rank)
+                consumed += step_size
+        epoch, consumed = epoch + 1, 0
 
 
 class Position:
@@ -242,13 +294,13 @@ class Position:
     def steps(self, epochs: int | None) -> Iterator[tuple[int, int]]:
         """The steps ``(epoch, consumed)`` from here to the end of ``epochs``
         epochs (None: forever), fixed when called; the position itself does not move."""
-        return (step for step, _ in self.planned(epochs))
-
-    def planned(self, epochs: int | None) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
-        """:meth:`steps`, each with the step after it: ``((epoch, consumed),
-        (epoch, consumed) after)``, where the position moves once it is received."""
         epoch, consumed = self.step
-        return _planned(self.plan, epoch, consumed, None if epochs is None else epoch + epochs)
+        return _steps(self.plan, epoch, consumed, None if epochs is None else epoch + epochs)
+
+    def planned(self, epochs: int | None, rank: int) -> Iterator[Planned]:
+        """:meth:`steps` with rank ``rank``'s indices (:func:`rank_steps`), each
+        with the step after it, where the position moves once it is received."""
+        return rank_steps(self.plan, rank, self.epoch, self.consumed, epochs)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able: version, seed, epoch, consumed (global positions, the same
@@ -295,9 +347,7 @@ class Position:
         return (epoch + 1, 0) if self.plan.steps(consumed) == 0 else (epoch, consumed)
 
 
-def _planned(plan: Plan, epoch: int, consumed: int, last: int | None
-             ) -> Iterator[tuple[tuple[int, int], tuple[int, int]]]:
+def _steps(plan: Plan, epoch: int, consumed: int, last: int | None) -> Iterator[tuple[int, int]]:
     while last is None or epoch < last:
-        after = plan.after(epoch, consumed)
-        yield (epoch, consumed), after
-        epoch, consumed = after
+        yield epoch, consumed
+        epoch, consumed = plan.after(epoch, consumed)

@@ -61,22 +61,55 @@ def _mix(z: np.uint64) -> np.uint64:
     return z ^ (z >> np.uint64(31))
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _encrypt(x: np.uint64, keys: np.ndarray, half: np.uint64, mask: np.uint64) -> np.uint64:
-    left = x >> half
-    right = x & mask
+@njit(nogil=True, cache=True)
+def _network(a: np.ndarray, b: np.ndarray, count: int, keys: np.ndarray,
+             mask: np.uint64) -> None:
+    """Every round of the network on the first ``count`` pairs of halves, in
+    place: ``(a, b) <- (b, a ^ F(b ^ key))`` for each key in turn. Encrypting
+    passes (left, right) and the keys in order; decrypting passes (right, left)
+    and the keys reversed. The loop over values is the inner one, so it runs
+    in SIMD lanes (the values are independent; walking one value at a time
+    waits on each multiply)."""
     for k in range(keys.shape[0]):
-        left, right = right, left ^ (_mix(right ^ keys[k]) & mask)
-    return (left << half) | right
+        key = keys[k]
+        for j in range(count):
+            right = b[j]
+            b[j] = a[j] ^ (_mix(right ^ key) & mask)
+            a[j] = right
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _decrypt(x: np.uint64, keys: np.ndarray, half: np.uint64, mask: np.uint64) -> np.uint64:
-    left = x >> half
-    right = x & mask
-    for k in range(keys.shape[0] - 1, -1, -1):
-        left, right = right ^ (_mix(left ^ keys[k]) & mask), left
-    return (left << half) | right
+_BLOCK = 1024
+"""Values the kernels walk together: their halves stay in L1, and the scratch
+memory is the same for any count."""
+
+
+@njit(nogil=True, cache=True)
+def _walk(left: np.ndarray, right: np.ndarray, out: np.ndarray, keys: np.ndarray,
+          half: int, n: np.uint64, inverse: bool) -> None:
+    """``out[i]`` = the permutation (or its inverse: pass ``keys`` reversed) of
+    the value whose halves are ``left[i]`` and ``right[i]`` (below ``n``; as many
+    as ``out`` holds): the network applied again while the result is ``>= n``,
+    every value still walking in one pass. Consumes the halves."""
+    h = np.uint64(half)
+    mask = (np.uint64(1) << h) - np.uint64(1)
+    limit = np.uint64(n)
+    count = out.shape[0]
+    where = np.arange(count)  # where each walking value goes in out
+    while count > 0:
+        if inverse:  # decrypting is encrypting the swapped halves, keys reversed
+            _network(right, left, count, keys, mask)
+        else:
+            _network(left, right, count, keys, mask)
+        walking = 0
+        for j in range(count):  # keep the values still >= n at the front
+            y = (left[j] << h) | right[j]
+            i = where[j]
+            out[i] = np.int64(y)
+            where[walking] = i
+            left[walking] = left[j]
+            right[walking] = right[j]
+            walking += 1 if y >= limit else 0
+        count = walking
 
 
 @njit(nogil=True, cache=True)
@@ -97,16 +130,16 @@ def _permute_array(
         value = indices[i]
         if value < 0 or np.uint64(value) >= limit:
             return i
-        y = np.uint64(value)
-        if inverse:
-            y = _decrypt(y, keys, h, mask)
-            while y >= limit:
-                y = _decrypt(y, keys, h, mask)
-        else:
-            y = _encrypt(y, keys, h, mask)
-            while y >= limit:
-                y = _encrypt(y, keys, h, mask)
-        out[i] = np.int64(y)
+    order = keys[::-1].copy() if inverse else keys
+    first = np.empty(_BLOCK, dtype=np.uint64)
+    second = np.empty(_BLOCK, dtype=np.uint64)
+    for start in range(0, indices.shape[0], _BLOCK):
+        block = out[start:start + _BLOCK]
+        for j in range(block.shape[0]):
+            value = np.uint64(indices[start + j])
+            first[j] = value >> h
+            second[j] = value & mask
+        _walk(first, second, block, order, half, n, inverse)
     return -1
 
 
@@ -120,14 +153,17 @@ def _permute_range(
     limit = np.uint64(n)
     position = np.uint64(start)
     stride = np.uint64(step)
-    for i in range(out.shape[0]):
-        y = _encrypt(position, keys, h, mask)
-        while y >= limit:
-            y = _encrypt(y, keys, h, mask)
-        out[i] = np.int64(y)
-        position += stride  # below 2**64: both terms are below n <= 2**63
-        if position >= limit:
-            position -= limit
+    left = np.empty(_BLOCK, dtype=np.uint64)
+    right = np.empty(_BLOCK, dtype=np.uint64)
+    for first in range(0, out.shape[0], _BLOCK):
+        block = out[first:first + _BLOCK]
+        for j in range(block.shape[0]):
+            left[j] = position >> h
+            right[j] = position & mask
+            position += stride  # below 2**64: both terms are below n <= 2**63
+            if position >= limit:
+                position -= limit
+        _walk(left, right, block, keys, half, n, False)
 
 
 _NOGIL_FROM = 4096
