@@ -496,7 +496,8 @@ def test_an_error_the_caller_read_ahead_waits_for_its_batch():
 @given(prefetch=st.integers(1, 5), threads=st.integers(1, 3), seed=st.integers(0, 99))
 def test_batches_alive_stay_within_prefetch(prefetch, threads, seed):
     """At most ``prefetch`` batches are read ahead besides the one the caller
-    holds, whoever reads them (threads or the caller's thread)."""
+    holds, and one more that the caller's thread reads while its next batch
+    is not ready."""
     alive = [0]
     most = [0]
     lock = threading.Lock()
@@ -518,4 +519,4 @@ def test_batches_alive_stay_within_prefetch(prefetch, threads, seed):
                 output="batch") as loader:
         for batch in loader:
             del batch
-    assert most[0] <= prefetch + 1
+    assert most[0] <= prefetch + 2

@@ -138,8 +138,8 @@ class Loader:
             ``WORLD_SIZE``, else 0 and 1 (logged once).
         prefetch: steps read ahead (0: read in the caller's thread).
         num_threads: reader threads (0: read in the caller's thread). While
-            the next step is not ready and fewer than ``prefetch`` are in
-            flight, the caller's thread reads the next unclaimed step itself.
+            the next step is not ready and at most ``prefetch`` are in flight,
+            the caller's thread reads the next unclaimed step itself.
         drop_last: skip the epoch's tail (True) or pad the last step and add a
             boolean ``padding`` column (False). Every rank runs the same steps.
         output: ``"torch"`` (dict of tensors sharing the batch's memory),
@@ -159,7 +159,8 @@ class Loader:
         pin_memory, device: torch output only: pin in the background, copy to
             ``device`` without blocking.
 
-    Memory holds at most ``prefetch`` batches besides the one the caller has.
+    Memory holds at most ``prefetch`` batches besides the one the caller has,
+    and one more while the caller, its next batch not ready, reads ahead.
     Iterate from one thread; ``state_dict`` may be called from it at any time.
     WARNING: ``transform`` runs concurrently on ``num_threads`` threads.
     """
@@ -402,14 +403,14 @@ _LAST_PAUSE = 0.02  # ... up to this
 
 
 class _Readers:
-    """``threads`` reader threads that produce a pass's steps into ``prefetch``
-    ordered slots.
+    """``threads`` reader threads that produce a pass's steps into ordered
+    slots: at most ``prefetch + 1`` steps are claimed and not yet taken, at
+    most ``prefetch`` of them by the threads.
 
-    A thread claims the next step and its sequence number ``seq`` while fewer
-    than ``prefetch`` steps are claimed and not yet taken, produces it, stores
-    the outcome in slot ``seq % prefetch`` and releases that slot's lock; the
-    caller acquires the slots' locks in order. Claimed steps thus occupy
-    distinct slots, and memory holds at most ``prefetch`` of them.
+    A thread claims the next step and its sequence number ``seq``, produces
+    it, stores the outcome in slot ``seq % (prefetch + 1)`` and releases that
+    slot's lock; the caller acquires the slots' locks in order. Claimed steps
+    are consecutive, at most ``prefetch + 1``, so they occupy distinct slots.
 
     A caller that finds its step ready never wakes a thread: taking a step
     only counts it, and a thread that found no free slot sleeps 20 us, then
@@ -417,10 +418,13 @@ class _Readers:
     the caller a system call (and, on a virtual machine, an interrupt to
     another core) inside every ``next()`` of a loop that is not input-bound.
     A caller whose step is *not* ready does wake the sleeping threads (it has
-    nothing better to do) and meanwhile claims a free slot and produces that
-    step itself (:meth:`_help`), so an idle caller is a free reader. The
-    threads hold this object, never the iterator, so a dropped pass's
-    finalizer can stop them.
+    nothing better to do) and meanwhile claims the next step and produces it
+    itself (:meth:`_help`), so an idle caller is a free reader. Its step does
+    not count against the threads' ``prefetch``: a thread that finishes while
+    the caller reads finds a free slot and goes on at once, where it would
+    otherwise sleep until woken, which takes as long as a read on a virtual
+    machine. The threads hold this object, never the iterator, so a dropped
+    pass's finalizer can stop them.
     """
 
     def __init__(self, produce: Callable[..., Any], steps: Iterator[Any],
@@ -428,13 +432,14 @@ class _Readers:
         self._produce = produce
         self._steps = steps
         self._prefetch = prefetch
-        self._claim_lock = threading.Lock()  # guards _steps, _claimed, _ended
-        self._filled = [threading.Lock() for _ in range(prefetch)]  # held while empty
+        self._claim_lock = threading.Lock()  # guards _steps, _claimed, _ended, _mine
+        self._filled = [threading.Lock() for _ in range(prefetch + 1)]  # held while empty
         for lock in self._filled:
             lock.acquire()
-        self._slots: list[_Outcome | None] = [None] * prefetch
+        self._slots: list[_Outcome | None] = [None] * (prefetch + 1)
         self._claimed = 0
         self._taken = 0  # written by the caller alone
+        self._mine: set[int] = set()  # the seqs the caller claimed and has not taken
         self._ended = False
         self._stopped = False
         self._wanted = threading.Event()  # set by a caller whose step is not ready
@@ -447,7 +452,7 @@ class _Readers:
         pause = _FIRST_PAUSE
         while not self._stopped:
             self._wanted.clear()  # before looking: a caller's set() after it is kept
-            claimed = self._claim()
+            claimed = self._claim(caller=False)
             if claimed is _ENDED:
                 return
             if claimed is None:  # every slot is in use: look again later, or when wanted
@@ -457,14 +462,19 @@ class _Readers:
             pause = _FIRST_PAUSE
             self._fill(*claimed, catch=BaseException)
 
-    def _claim(self) -> Any:
+    def _claim(self, *, caller: bool) -> Any:
         """``(seq, step)`` for the next step (step None: the end of the pass),
-        None when every slot is in use, or ``_ENDED`` once the pass has ended."""
+        None when no slot is free for a thread (or, ``caller``, for the caller),
+        or ``_ENDED`` once the pass has ended."""
         with self._claim_lock:
             if self._ended:
                 return _ENDED
-            if self._claimed - self._taken >= self._prefetch:
+            ahead = self._claimed - self._taken
+            if ahead > self._prefetch or (not caller
+                                          and ahead - len(self._mine) >= self._prefetch):
                 return None
+            if caller:
+                self._mine.add(self._claimed)
             seq, step = self._claimed, next(self._steps, None)
             self._claimed += 1
             self._ended = step is None
@@ -472,7 +482,7 @@ class _Readers:
 
     def _fill(self, seq: int, step: Any, *,
               catch: type[BaseException]) -> None:
-        """Produce ``step`` into slot ``seq % prefetch``; an error that is a
+        """Produce ``step`` into slot ``seq % (prefetch + 1)``; an error that is a
         ``catch`` is kept there, to be re-raised in the caller at its step."""
         outcome: _Outcome | None = None  # the end of the pass
         if step is not None:
@@ -480,7 +490,7 @@ class _Readers:
                 outcome = (step, self._produce(step), None)
             except catch as error:
                 outcome = (step, None, error)
-        slot = seq % self._prefetch
+        slot = seq % len(self._slots)
         self._slots[slot] = outcome
         self._filled[slot].release()
 
@@ -488,7 +498,7 @@ class _Readers:
         """Produce the next unclaimed step in the caller's thread if a slot is
         free; False when none is (or the pass has ended). Its errors wait for
         their step, but Ctrl-C and other BaseExceptions go up at once."""
-        claimed = None if self._stopped else self._claim()
+        claimed = None if self._stopped else self._claim(caller=True)
         if claimed is None or claimed is _ENDED:
             return False
         self._fill(*claimed, catch=Exception)
@@ -498,7 +508,8 @@ class _Readers:
         """The next step's ``(step, item, error)`` in order, None at the end of
         the pass or once stopped. While it is not ready, the caller's thread
         produces later steps itself (:meth:`_help`) rather than wait idle."""
-        slot = self._taken % self._prefetch
+        seq = self._taken
+        slot = seq % len(self._slots)
         filled = self._filled[slot]
         while not filled.acquire(blocking=False):
             self._wanted.set()  # input-bound: a sleeping thread should look now
@@ -506,7 +517,9 @@ class _Readers:
                 filled.acquire()
                 break
         outcome, self._slots[slot] = self._slots[slot], None
-        self._taken += 1  # frees the slot; a thread sees it when it looks next
+        if self._mine:
+            self._mine.discard(seq)  # before counting it: a thread never sees a slot too many
+        self._taken = seq + 1  # frees the slot; a thread sees it when it looks next
         return outcome
 
     def stop(self, *, wait: bool) -> None:
