@@ -177,6 +177,15 @@ def test_open_storage_picks_the_storage(tmp_path: Path):
         open_storage("s3://bucket/data", config={"no_such_key": 1})
 
 
+def test_a_storage_passed_as_the_path_says_to_pass_it_as_storage(tmp_path: Path):
+    from zerobatch import open_dataset
+
+    with pytest.raises(TypeError, match=r"got LocalStorage .*storage="):
+        open_dataset(LocalStorage(tmp_path))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"a str or os\.PathLike path or URL, got int"):
+        open_storage(3)  # type: ignore[arg-type]
+
+
 def test_pickles_as_url_and_options(remote, s3, tmp_path):
     folder, url = remote
     storage = ObjectStorage(url, coalesce=64, block_size=64, cache_dir=tmp_path,

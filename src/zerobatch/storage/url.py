@@ -32,7 +32,13 @@ def is_url(location: str | os.PathLike[str]) -> bool:
 
 
 def local_path(location: str | os.PathLike[str]) -> Path:
-    """The local path of a path or ``file://`` URL; ``ValueError`` for any other URL."""
+    """The local path of a path or ``file://`` URL; ``ValueError`` for any other
+    URL, ``TypeError`` for what is neither a str nor a path."""
+    if not isinstance(location, (str, os.PathLike)):
+        hint = (" (to read through a storage, pass the folder as the path and the "
+                "storage as storage=)" if hasattr(location, "read_into") else "")
+        raise TypeError(f"expected a folder: a str or os.PathLike path or URL, got "
+                        f"{type(location).__name__}{hint}")
     scheme = _scheme(location)
     if scheme == "":
         return Path(location)
