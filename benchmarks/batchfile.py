@@ -283,6 +283,8 @@ def main() -> None:
     parser.add_argument("--write-gb", type=float, default=10.0, help="streaming-writer memory test")
     parser.add_argument("--samples", type=int, default=20_000, help="timed calls per path")
     parser.add_argument("--feistel-n", type=int, default=10**7)
+    parser.add_argument("--only-feistel", action="store_true",
+                        help="only the permutation table (no files written)")
     parser.add_argument(
         "--dir", type=Path, default=None, help="scratch folder (default: a temp dir)"
     )
@@ -291,6 +293,11 @@ def main() -> None:
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     today = time.strftime("%Y-%m-%d")
     print(f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  torch={torch.__version__}  date={today}")
+    if args.only_feistel:
+        scratch.rmdir()
+        table(f"Permutation of n = {args.feistel_n:,}", ("method", "M idx/s", "vs numpy", "memory"),
+              bench_feistel(args.feistel_n))
+        return
     try:
         small, flat = scratch / "seed.batch", scratch / "seed.u32"
         write_batch_dataset(small, chunks(args.records), args.records, BATCH, SEQ, 42)
