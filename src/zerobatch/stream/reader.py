@@ -620,9 +620,7 @@ class TokenWindows:
 
     def _plane_view(self, buffer: np.ndarray, start: int, count: int) -> np.ndarray:
         """The ``[planes, count, seq_len]`` output planes at byte ``start`` of ``buffer``."""
-        items = self._planes * count * self._seq_len
-        return buffer[start:].view(self._plane_dtype)[:items].reshape(
-            self._planes, count, self._seq_len)
+        return np.ndarray((self._planes, count, self._seq_len), self._plane_dtype, buffer, start)
 
     def _token_columns(
         self, inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray
