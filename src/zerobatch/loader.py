@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import queue
 import sys
 import threading
 import warnings
@@ -442,7 +443,11 @@ class _Readers:
         self._mine: set[int] = set()  # the seqs the caller claimed and has not taken
         self._ended = False
         self._stopped = False
-        self._wanted = threading.Event()  # set by a caller whose step is not ready
+        # Wake-ups for the threads, put by a caller whose step is not ready. A
+        # SimpleQueue, not an Event: its put is one C call, where Event.set takes a
+        # Condition's lock in Python code, and Ctrl-C arriving just after that
+        # lock is taken leaves it held, so every thread and close() hang on it.
+        self._wanted: queue.SimpleQueue[None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._run, name=f"zerobatch-loader-{i}",
                                           daemon=True) for i in range(threads)]
         for thread in self._threads:
@@ -451,13 +456,14 @@ class _Readers:
     def _run(self) -> None:
         pause = _FIRST_PAUSE
         while not self._stopped:
-            self._wanted.clear()  # before looking: a caller's set() after it is kept
             claimed = self._claim(caller=False)
             if claimed is _ENDED:
                 return
             if claimed is None:  # every slot is in use: look again later, or when wanted
-                self._wanted.wait(pause)
-                pause = min(2 * pause, _LAST_PAUSE)
+                try:  # a wake-up put after the claim above is still there
+                    self._wanted.get(timeout=pause)
+                except queue.Empty:
+                    pause = min(2 * pause, _LAST_PAUSE)
                 continue
             pause = _FIRST_PAUSE
             self._fill(*claimed, catch=BaseException)
@@ -504,6 +510,13 @@ class _Readers:
         self._fill(*claimed, catch=Exception)
         return True
 
+    def _wake(self) -> None:
+        """Wake every thread sleeping for a free slot (wake-ups not yet taken
+        are not added to)."""
+        if self._wanted.empty():
+            for _ in self._threads:
+                self._wanted.put(None)
+
     def take(self) -> _Outcome | None:
         """The next step's ``(step, item, error)`` in order, None at the end of
         the pass or once stopped. While it is not ready, the caller's thread
@@ -512,7 +525,7 @@ class _Readers:
         slot = seq % len(self._slots)
         filled = self._filled[slot]
         while not filled.acquire(blocking=False):
-            self._wanted.set()  # input-bound: a sleeping thread should look now
+            self._wake()  # input-bound: a sleeping thread should look now
             if not self._help():
                 filled.acquire()
                 break
@@ -527,7 +540,8 @@ class _Readers:
         ``wait``: join them, and wake a caller waiting in :meth:`take` (it gets
         None). Call it from the thread that takes, or once nothing takes any more."""
         self._stopped = True
-        self._wanted.set()
+        for _ in self._threads:  # each sleeping thread wakes and sees it
+            self._wanted.put(None)
         if wait:
             for thread in self._threads:
                 thread.join()
