@@ -308,13 +308,17 @@ print("interrupted", interrupted, loader.state_dict()["consumed"] > 0, threading
 def test_ctrl_c_exits_cleanly():
     """A real SIGINT to a process training through a Loader: it leaves the loop
     with KeyboardInterrupt, no loader thread remains, and the process exits."""
-    child = subprocess.Popen([sys.executable, "-c", _SIGINT_CHILD], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", _SIGINT_CHILD],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert child.stdout is not None
     assert child.stdout.readline() == "training\n"
     child.send_signal(signal.SIGINT)
     try:
         out, err = child.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+        out, err = child.communicate(timeout=30)
+        pytest.fail(f"the interrupted process hung; printed {out!r}; its threads:\n{err}")
     finally:
         child.kill()  # a hung child must not outlive the test
     assert child.returncode == 0, err
