@@ -278,7 +278,13 @@ def test_keyboard_interrupt_while_waiting_for_a_read():
 
 
 _SIGINT_CHILD = """
-import sys, threading, numpy as np
+import signal, sys, threading, numpy as np
+# Ctrl-C as in a terminal, whatever this process inherited: a parent may pass on
+# SIGINT ignored or blocked (exec keeps both), as some process pools set it.
+print("inherited", signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(
+    signal.SIG_BLOCK, [])), file=sys.stderr, flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
 from zerobatch import Batch, Loader
 class Squares:
     def __len__(self): return 10**9
