@@ -279,8 +279,9 @@ def test_keyboard_interrupt_while_waiting_for_a_read():
 
 _SIGINT_CHILD = """
 import signal, sys, threading, numpy as np
-# Ctrl-C as in a terminal, whatever this process inherited: a parent may pass on
-# SIGINT ignored or blocked (exec keeps both), as some process pools set it.
+# Ctrl-C as in a terminal, whatever this process inherited: a shell starts a
+# background job (`make test &`) with SIGINT ignored, and exec keeps that (and a
+# blocked mask): this child then trained on, deaf to the test's SIGINT.
 print("inherited", signal.getsignal(signal.SIGINT), sorted(signal.pthread_sigmask(
     signal.SIG_BLOCK, [])), file=sys.stderr, flush=True)
 signal.signal(signal.SIGINT, signal.default_int_handler)
