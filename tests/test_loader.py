@@ -315,12 +315,8 @@ print("interrupted", interrupted, loader.state_dict()["consumed"] > 0, threading
 def test_ctrl_c_exits_cleanly():
     """A real SIGINT to a process training through a Loader: it leaves the loop
     with KeyboardInterrupt, no loader thread remains, and the process exits."""
-    # One BLAS thread: in two clean-clone CI runs the child hung inside OpenBLAS's
-    # threaded matmul after the SIGINT (its own worker threads; the loader's
-    # threads were idle, waiting for a free slot), which is not what this tests.
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
     child = subprocess.Popen([sys.executable, "-X", "faulthandler", "-c", _SIGINT_CHILD],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert child.stdout is not None
     assert child.stdout.readline() == "training\n"
     child.send_signal(signal.SIGINT)
