@@ -280,7 +280,7 @@ def test_unreadable_tokenizer_and_parquet(tmp_path: Path) -> None:
 
 
 def test_hf_save_to_disk_folder(tmp_path: Path) -> None:
-    datasets = pytest.importorskip("datasets")
+    import datasets  # the hf extra, installed by make test
     ds = datasets.Dataset.from_dict({"text": TEXTS, "k": list(range(len(TEXTS)))})
     ds.save_to_disk(str(tmp_path / "hf"))
     convert(tmp_path / "hf", tmp_path / "out", tokenizer="bytes", metadata_fields=["k"],
@@ -291,7 +291,7 @@ def test_hf_save_to_disk_folder(tmp_path: Path) -> None:
 
 
 def test_identical_on_a_dask_cluster(tmp_path: Path, tokenizer_file: Path) -> None:
-    distributed = pytest.importorskip("distributed")
+    import distributed  # the dask extra, installed by make test
     inputs = _corpus(tmp_path / "c", files=3)
     convert(inputs, tmp_path / "local", tokenizer=tokenizer_file, spans_field="spans",
             task_bytes=2000, workers=1, quiet=True)

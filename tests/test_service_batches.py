@@ -12,11 +12,9 @@ import pytest
 from _service_procs import serve_batches
 
 from zerobatch.columnar import Batch
+from zerobatch.plan import Plan
 from zerobatch.service import BatchClient, ServiceError
 from zerobatch.stream import StreamWriter, open_dataset
-
-# BatchServer computes batches with zerobatch.plan (issue 9), landing beside this.
-Plan = pytest.importorskip("zerobatch.plan").Plan
 
 SPAWN = multiprocessing.get_context("spawn")
 SEQ_LEN = 8
