@@ -289,15 +289,14 @@ def main() -> None:
         "--dir", type=Path, default=None, help="scratch folder (default: a temp dir)"
     )
     args = parser.parse_args()
-    scratch = Path(tempfile.mkdtemp(prefix="zerobatch-bench-", dir=args.dir))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     today = time.strftime("%Y-%m-%d")
     print(f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  torch={torch.__version__}  date={today}")
     if args.only_feistel:
-        scratch.rmdir()
         table(f"Permutation of n = {args.feistel_n:,}", ("method", "M idx/s", "vs numpy", "memory"),
               bench_feistel(args.feistel_n))
         return
+    scratch = Path(tempfile.mkdtemp(prefix="zerobatch-bench-", dir=args.dir))
     try:
         small, flat = scratch / "seed.batch", scratch / "seed.u32"
         write_batch_dataset(small, chunks(args.records), args.records, BATCH, SEQ, 42)

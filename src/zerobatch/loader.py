@@ -325,17 +325,19 @@ class Loader:
 
         With ``output="jax"``, ``zerobatch.jax.GlobalSteps`` says which
         observations this process reads: the rows its devices hold."""
-        indices, padding = self._plan.indices(epoch, consumed, self._rank)
-        return self._produce(epoch, consumed, indices, padding)
+        if self._global is not None:  # the rows of this process's devices, not a rank's
+            return self._produce(epoch, consumed, None, None)
+        return self._produce(epoch, consumed, *self._plan.indices(epoch, consumed, self._rank))
 
-    def _produce(self, epoch: int, consumed: int, indices: npt.NDArray[np.int64],
-                 padding: npt.NDArray[np.bool_]) -> Any:
+    def _produce(self, epoch: int, consumed: int, indices: npt.NDArray[np.int64] | None,
+                 padding: npt.NDArray[np.bool_] | None) -> Any:
         """:meth:`produce` with the rank's ``indices`` and ``padding`` at the step
-        already computed (:func:`zerobatch.plan.rank_steps`)."""
+        already computed (:func:`zerobatch.plan.rank_steps`; unused with output="jax")."""
         convert = self._converter()
         if self._global is not None:
             batch = self._source.read(self._global.indices(consumed, self._plan.order(epoch)))
         else:
+            assert indices is not None
             batch = _read(self._source, indices, None if self._plan.drop_last else padding)
         if self._transform is not None:
             batch = self._transform(batch)

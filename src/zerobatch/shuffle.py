@@ -168,10 +168,20 @@ def _permute_range(
 
 _NOGIL_FROM = 4096
 """Ranges this long release the GIL while they are permuted; shorter ones (a
-batch's indices, ~1 us) keep it: handing the GIL to another thread and back
-costs more than the work when threads contend (a reader thread per step)."""
+batch's indices, or the Loader's 2,048 positions, 1-15 us) keep it: handing
+the GIL to another thread and back costs more than the work when threads
+contend (a reader thread per step)."""
 
-_permute_range_holding = njit(cache=True)(_permute_range.py_func)
+
+@njit(cache=True)
+def _permute_range_holding(
+    start: int, step: int, out: np.ndarray, keys: np.ndarray, half: int, n: np.uint64
+) -> None:
+    """:func:`_permute_range` keeping the GIL. A function of its own, not a second
+    ``njit`` of the same Python function: Numba's cache names a kernel's file by
+    its function, so the two would overwrite each other's cached code, and either
+    could load the other's (with the other's GIL handling)."""
+    _permute_range(start, step, out, keys, half, n)
 
 
 def _check_length(n: object, name: str = "n") -> int:
