@@ -9,11 +9,11 @@ BENCH_STAMP := $(BENCH_VENV)/.installed
 
 .PHONY: demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -26,11 +26,11 @@ lint: $(STAMP)
 test: lint
 	$(PY) -m pytest
 
-$(BENCH_STAMP): pyproject.toml
+$(BENCH_STAMP): pyproject.toml constraints.txt
 	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_PY) -m pip install --quiet --upgrade pip
 	$(BENCH_PY) -m pip install --quiet torch==2.13.0
-	$(BENCH_PY) -m pip install --quiet -e '.[dev]' datasets transferqueue==0.1.11 psutil lightning-utilities boto3 tifffile grain==0.2.18
+	$(BENCH_PY) -m pip install --quiet -c constraints.txt -e '.[dev]' datasets transferqueue==0.1.11 psutil lightning-utilities boto3 tifffile grain==0.2.18
 	$(BENCH_PY) -m pip install --quiet --no-deps litdata  # its torchvision dependency would replace torch
 	touch $(BENCH_STAMP)
 
