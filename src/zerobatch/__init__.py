@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.errors import FormatError, StorageError
-from zerobatch.loader import Loader, Source
+from zerobatch.loader import Loader
 from zerobatch.plan import Plan
 from zerobatch.shuffle import BlockShuffle, Feistel
+from zerobatch.source import Source
 from zerobatch.stream import StreamWriter, combine, open_dataset, verify
 
 __all__ = [

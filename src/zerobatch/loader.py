@@ -1,7 +1,7 @@
 """``Loader``: the plan, read-ahead threads, collation and exact resume over any source.
 
 A *source* is anything with ``__len__`` and ``read(indices) -> Batch``
-(:class:`Source`): ``TokenWindows``, ``Documents``, ``BatchFileReader`` or a
+(:class:`zerobatch.source.Source`): ``TokenWindows``, ``Documents``, ``BatchFileReader`` or a
 user's own object. The loader asks :class:`~zerobatch.plan.Plan` which
 observations this rank reads at each step, runs ``source.read`` (and the
 optional ``transform``, and the conversion to the output) on ``num_threads``
@@ -29,21 +29,21 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
-import queue
-import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch._readers import Readers
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan, Planned, Position
+from zerobatch.source import Source, fingerprint, read_indices, read_step, resolve_rank
 
+# Source, fingerprint, read_step and resolve_rank live in zerobatch.source; they
+# stay importable from here for code written before the split.
 __all__ = ["Loader", "Source", "fingerprint", "read_step", "resolve_rank"]
 
 OUTPUTS = ("torch", "numpy", "batch", "jax")
@@ -52,66 +52,14 @@ _logged_rank_source = False
 _warned_pin = False
 
 
-@runtime_checkable
-class Source(Protocol):
-    """A random-access source: ``len(source)`` observations, ``read(indices)``
-    returns them as one ``Batch`` (any order, repeats allowed), thread-safe.
-
-    A source may also offer ``fingerprint`` (a str identifying its data, e.g. a
-    manifest checksum); the loader stores it in its state and refuses to
-    resume on a source with another fingerprint.
-    """
-
-    def __len__(self) -> int: ...
-
-    def read(self, indices: npt.NDArray[np.int64]) -> Batch: ...
 
 
-def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int, str]:
-    """(rank, world_size, where they came from): explicit arguments win, then an
-    initialized ``torch.distributed``, then ``RANK``/``WORLD_SIZE`` (torchrun),
-    else 0 and 1."""
-    if rank is not None or world_size is not None:
-        return (0 if rank is None else rank), (1 if world_size is None else world_size), "arguments"
-    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), "torch.distributed"
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        try:
-            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "RANK/WORLD_SIZE"
-        except ValueError:
-            raise ValueError(
-                f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
-                "must be ints; fix the environment or pass rank= and world_size="
-            ) from None
-    return 0, 1, "default (single process)"
 
 
-def fingerprint(source: Any) -> str | None:
-    """The identity a state stores for ``source``: its ``fingerprint`` attribute
-    as a str, or None when it has none."""
-    value = getattr(source, "fingerprint", None)
-    return None if value is None else str(value)
 
 
-def read_step(source: Any, plan: Plan, epoch: int, consumed: int, rank: int) -> Batch:
-    """Rank ``rank``'s batch of ``epoch``'s step starting at global position
-    ``consumed``, read from ``source``; with ``plan.drop_last`` False it gains the
-    boolean ``padding`` column (True on rows that pad the epoch's last step).
-    What the Loader, ``zerobatch.torch`` and ``BatchServer`` read at a step."""
-    indices, padding = plan.indices(epoch, consumed, rank)
-    return _read(source, indices, None if plan.drop_last else padding)
 
 
-def _read(source: Any, indices: npt.NDArray[np.int64],
-          padding: npt.NDArray[np.bool_] | None) -> Batch:
-    """``source.read(indices)``, with the ``padding`` column unless it is None."""
-    batch = source.read(indices)
-    if padding is None:
-        return batch
-    columns = batch.to_numpy()
-    columns["padding"] = padding
-    return Batch.from_columns(columns, batch.meta)
 
 
 def _torch_output(pin_memory: bool, device: Any) -> Callable[[Batch], Any]:
@@ -245,7 +193,7 @@ class Loader:
         self._convert: Callable[[Batch], Any] | None = None
         self._iterator: weakref.ref[_Iterator] | None = None  # weak: no cycle, no leak
         # the current pass's threads: close() joins them even after the pass was dropped
-        self._threads: _Readers | None = None
+        self._threads: Readers | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles with its source, plan and position (for ``spawn`` workers),
@@ -314,10 +262,6 @@ class Loader:
         self._iterator = weakref.ref(iterator)
         return iterator
 
-    def steps(self) -> Iterator[tuple[int, int]]:
-        """The steps ``(epoch, consumed)`` the next ``for`` loop yields, in order."""
-        return self._position.steps(self._epochs)
-
     def produce(self, epoch: int, consumed: int) -> Any:
         """This rank's output for the step ``(epoch, consumed)``: read (with the
         ``padding`` column when drop_last is False), transform, convert, in the
@@ -338,15 +282,10 @@ class Loader:
             batch = self._source.read(self._global.indices(consumed, self._plan.order(epoch)))
         else:
             assert indices is not None
-            batch = _read(self._source, indices, None if self._plan.drop_last else padding)
+            batch = read_indices(self._source, indices, None if self._plan.drop_last else padding)
         if self._transform is not None:
             batch = self._transform(batch)
         return convert(batch)
-
-    def received(self, epoch: int, consumed: int) -> None:
-        """The caller has the step ``(epoch, consumed)``: the state moves past it.
-        The loader's own iterator calls this as it yields."""
-        self._position.received(epoch, consumed)
 
     def _converter(self) -> Callable[[Batch], Any]:
         if self._convert is None:
@@ -399,157 +338,6 @@ def _same(batch: Batch) -> Batch:
     return batch
 
 
-_Outcome = tuple[Any, Any, BaseException | None]  # (step as the steps give it, item, error)
-_ENDED = object()  # _Readers._claim: the pass has ended
-_FIRST_PAUSE = 20e-6  # seconds a reader thread with no free slot first sleeps, doubling ...
-_LAST_PAUSE = 0.02  # ... up to this
-
-
-class _Readers:
-    """``threads`` reader threads that produce a pass's steps into ordered
-    slots: at most ``prefetch + 1`` steps are claimed and not yet taken, at
-    most ``prefetch`` of them by the threads.
-
-    A thread claims the next step and its sequence number ``seq``, produces
-    it, stores the outcome in slot ``seq % (prefetch + 1)`` and releases that
-    slot's lock; the caller acquires the slots' locks in order. Claimed steps
-    are consecutive, at most ``prefetch + 1``, so they occupy distinct slots.
-
-    A caller that finds its step ready never wakes a thread: taking a step
-    only counts it, and a thread that found no free slot sleeps 20 us, then
-    twice as long each time up to 20 ms, and looks again. Waking it would cost
-    the caller a system call (and, on a virtual machine, an interrupt to
-    another core) inside every ``next()`` of a loop that is not input-bound.
-    A caller whose step is *not* ready does wake the sleeping threads (it has
-    nothing better to do) and meanwhile claims the next step and produces it
-    itself (:meth:`_help`), so an idle caller is a free reader. Its step does
-    not count against the threads' ``prefetch``: a thread that finishes while
-    the caller reads finds a free slot and goes on at once, where it would
-    otherwise sleep until woken, which takes as long as a read on a virtual
-    machine. The threads hold this object, never the iterator, so a dropped
-    pass's finalizer can stop them.
-    """
-
-    def __init__(self, produce: Callable[..., Any], steps: Iterator[Any],
-                 prefetch: int, threads: int) -> None:
-        self._produce = produce
-        self._steps = steps
-        self._prefetch = prefetch
-        self._claim_lock = threading.Lock()  # guards _steps, _claimed, _ended, _mine
-        self._filled = [threading.Lock() for _ in range(prefetch + 1)]  # held while empty
-        for lock in self._filled:
-            lock.acquire()
-        self._slots: list[_Outcome | None] = [None] * (prefetch + 1)
-        self._claimed = 0
-        self._taken = 0  # written by the caller alone
-        self._mine: set[int] = set()  # the seqs the caller claimed and has not taken
-        self._ended = False
-        self._stopped = False
-        # Wake-ups for the threads, put by a caller whose step is not ready. A
-        # SimpleQueue, not an Event: its put is one C call, where Event.set takes a
-        # Condition's lock in Python code, and Ctrl-C arriving just after that
-        # lock is taken leaves it held, so every thread and close() hang on it.
-        self._wanted: queue.SimpleQueue[None] = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._run, name=f"zerobatch-loader-{i}",
-                                          daemon=True) for i in range(threads)]
-        for thread in self._threads:
-            thread.start()
-
-    def _run(self) -> None:
-        pause = _FIRST_PAUSE
-        while not self._stopped:
-            claimed = self._claim(caller=False)
-            if claimed is _ENDED:
-                return
-            if claimed is None:  # every slot is in use: look again later, or when wanted
-                try:  # a wake-up put after the claim above is still there
-                    self._wanted.get(timeout=pause)
-                except queue.Empty:
-                    pause = min(2 * pause, _LAST_PAUSE)
-                continue
-            pause = _FIRST_PAUSE
-            self._fill(*claimed, catch=BaseException)
-
-    def _claim(self, *, caller: bool) -> Any:
-        """``(seq, step)`` for the next step (step None: the end of the pass),
-        None when no slot is free for a thread (or, ``caller``, for the caller),
-        or ``_ENDED`` once the pass has ended."""
-        with self._claim_lock:
-            if self._ended:
-                return _ENDED
-            ahead = self._claimed - self._taken
-            if ahead > self._prefetch or (not caller
-                                          and ahead - len(self._mine) >= self._prefetch):
-                return None
-            if caller:
-                self._mine.add(self._claimed)
-            seq, step = self._claimed, next(self._steps, None)
-            self._claimed += 1
-            self._ended = step is None
-        return seq, step
-
-    def _fill(self, seq: int, step: Any, *,
-              catch: type[BaseException]) -> None:
-        """Produce ``step`` into slot ``seq % (prefetch + 1)``; an error that is a
-        ``catch`` is kept there, to be re-raised in the caller at its step."""
-        outcome: _Outcome | None = None  # the end of the pass
-        if step is not None:
-            try:
-                outcome = (step, self._produce(step), None)
-            except catch as error:
-                outcome = (step, None, error)
-        slot = seq % len(self._slots)
-        self._slots[slot] = outcome
-        self._filled[slot].release()
-
-    def _help(self) -> bool:
-        """Produce the next unclaimed step in the caller's thread if a slot is
-        free; False when none is (or the pass has ended). Its errors wait for
-        their step, but Ctrl-C and other BaseExceptions go up at once."""
-        claimed = None if self._stopped else self._claim(caller=True)
-        if claimed is None or claimed is _ENDED:
-            return False
-        self._fill(*claimed, catch=Exception)
-        return True
-
-    def _wake(self) -> None:
-        """Wake every thread sleeping for a free slot (wake-ups not yet taken
-        are not added to)."""
-        if self._wanted.empty():
-            for _ in self._threads:
-                self._wanted.put(None)
-
-    def take(self) -> _Outcome | None:
-        """The next step's ``(step, item, error)`` in order, None at the end of
-        the pass or once stopped. While it is not ready, the caller's thread
-        produces later steps itself (:meth:`_help`) rather than wait idle."""
-        seq = self._taken
-        slot = seq % len(self._slots)
-        filled = self._filled[slot]
-        while not filled.acquire(blocking=False):
-            self._wake()  # input-bound: a sleeping thread should look now
-            if not self._help():
-                filled.acquire()
-                break
-        outcome, self._slots[slot] = self._slots[slot], None
-        if self._mine:
-            self._mine.discard(seq)  # before counting it: a thread never sees a slot too many
-        self._taken = seq + 1  # frees the slot; a thread sees it when it looks next
-        return outcome
-
-    def stop(self, *, wait: bool) -> None:
-        """Stop the threads after their current step (or pause, at most 20 ms);
-        ``wait``: join them, and wake a caller waiting in :meth:`take` (it gets
-        None). Call it from the thread that takes, or once nothing takes any more."""
-        self._stopped = True
-        for _ in self._threads:  # each sleeping thread wakes and sees it
-            self._wanted.put(None)
-        if wait:
-            for thread in self._threads:
-                thread.join()
-            for lock in self._filled:
-                if lock.locked():
-                    lock.release()
 
 
 def _produce(loader: Loader, planned: Planned) -> Any:
@@ -559,7 +347,7 @@ def _produce(loader: Loader, planned: Planned) -> Any:
 
 
 class _Iterator:
-    """One pass of a Loader: its steps, read by the caller or by :class:`_Readers`."""
+    """One pass of a Loader: its steps, read by the caller or by :class:`Readers`."""
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
@@ -567,11 +355,11 @@ class _Iterator:
         # The steps left to produce, each with the position after it: next()
         # only stores that, the plan's arithmetic ran where the step was produced.
         self._steps = loader._position.planned(loader._epochs, loader._rank)
-        self._readers: _Readers | None = None
+        self._readers: Readers | None = None
         self._finalizer: Any = None
         if loader._prefetch > 0 and loader._num_threads > 0:
-            # The threads must not hold the iterator (see _Readers): produce through the loader.
-            self._readers = _Readers(functools.partial(_produce, loader), self._steps,
+            # The threads must not hold the iterator (see Readers): produce through the loader.
+            self._readers = Readers(functools.partial(_produce, loader), self._steps,
                                      loader._prefetch, loader._num_threads)
             self._finalizer = weakref.finalize(self, self._readers.stop, wait=False)
             loader._threads = self._readers

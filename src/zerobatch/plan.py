@@ -259,7 +259,7 @@ class Position:
 
     Args:
         plan: the plan being consumed.
-        fingerprint: the source's identity (:func:`zerobatch.loader.fingerprint`),
+        fingerprint: the source's identity (:func:`zerobatch.source.fingerprint`),
             stored in the state and checked on load.
 
     >>> position = Position(Plan(10, 2, world_size=2, shuffle=False))

@@ -17,8 +17,8 @@ from typing import Any
 
 from zerobatch.columnar.wire import expect
 from zerobatch.errors import FormatError
-from zerobatch.loader import fingerprint, read_step
 from zerobatch.service._transport import CurveKeys, Server, no_payload
+from zerobatch.source import fingerprint, read_step
 
 __all__ = ["PLAN_KEYS", "BatchServer", "serve_dataset"]
 

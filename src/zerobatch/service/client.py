@@ -14,10 +14,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zerobatch.columnar import Batch
-from zerobatch.loader import resolve_rank
 from zerobatch.plan import Plan, Position
 from zerobatch.service._fetch import Fetcher
 from zerobatch.service._transport import CurveKeys
+from zerobatch.source import resolve_rank
 
 __all__ = ["BatchClient"]
 

@@ -1,0 +1,86 @@
+"""Sources: the random-access protocol the plan reads from, and what every
+iterable over a source shares (the step read, the identity a state stores,
+the rank this process has).
+
+A *source* is anything with ``__len__`` and ``read(indices) -> Batch``
+(:class:`Source`): ``TokenWindows``, ``Documents``, ``BatchFileReader``, a
+``Mixture`` or a user's own object. ``Loader``, ``zerobatch.torch`` and
+``BatchServer`` all read a step through :func:`read_step`, so they read the same
+rows at the same position.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from zerobatch.columnar import Batch
+from zerobatch.plan import Plan
+
+__all__ = ["Source", "fingerprint", "read_indices", "read_step", "resolve_rank"]
+
+
+@runtime_checkable
+class Source(Protocol):
+    """A random-access source: ``len(source)`` observations, ``read(indices)``
+    returns them as one ``Batch`` (any order, repeats allowed), thread-safe.
+
+    A source may also offer ``fingerprint`` (a str identifying its data, e.g. a
+    manifest checksum); the loader stores it in its state and refuses to
+    resume on a source with another fingerprint.
+    """
+
+    def __len__(self) -> int: ...
+
+    def read(self, indices: npt.NDArray[np.int64]) -> Batch: ...
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int, str]:
+    """(rank, world_size, where they came from): explicit arguments win, then an
+    initialized ``torch.distributed``, then ``RANK``/``WORLD_SIZE`` (torchrun),
+    else 0 and 1."""
+    if rank is not None or world_size is not None:
+        return (0 if rank is None else rank), (1 if world_size is None else world_size), "arguments"
+    dist = sys.modules.get("torch.distributed")  # never import torch just to ask
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), "torch.distributed"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "RANK/WORLD_SIZE"
+        except ValueError:
+            raise ValueError(
+                f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
+                "must be ints; fix the environment or pass rank= and world_size="
+            ) from None
+    return 0, 1, "default (single process)"
+
+
+def fingerprint(source: Any) -> str | None:
+    """The identity a state stores for ``source``: its ``fingerprint`` attribute
+    as a str, or None when it has none."""
+    value = getattr(source, "fingerprint", None)
+    return None if value is None else str(value)
+
+
+def read_step(source: Any, plan: Plan, epoch: int, consumed: int, rank: int) -> Batch:
+    """Rank ``rank``'s batch of ``epoch``'s step starting at global position
+    ``consumed``, read from ``source``; with ``plan.drop_last`` False it gains the
+    boolean ``padding`` column (True on rows that pad the epoch's last step).
+    What the Loader, ``zerobatch.torch`` and ``BatchServer`` read at a step."""
+    indices, padding = plan.indices(epoch, consumed, rank)
+    return read_indices(source, indices, None if plan.drop_last else padding)
+
+
+def read_indices(source: Any, indices: npt.NDArray[np.int64],
+          padding: npt.NDArray[np.bool_] | None) -> Batch:
+    """``source.read(indices)``, with the ``padding`` column unless it is None."""
+    batch = source.read(indices)
+    if padding is None:
+        return batch
+    columns = batch.to_numpy()
+    columns["padding"] = padding
+    return Batch.from_columns(columns, batch.meta)
