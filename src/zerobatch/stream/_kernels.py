@@ -25,6 +25,8 @@ __all__ = [
     "BAD_SPANS",
     "META_ORDER",
     "OK",
+    "SPAN_CROSSES",
+    "SPAN_ORDER",
     "annotation_spans",
     "meta_spans",
     "plan_documents",
@@ -32,6 +34,7 @@ __all__ = [
     "read_requests",
     "read_window_positions",
     "read_window_tokens",
+    "span_rows_status",
     "window_columns",
     "window_columns_meta",
     "window_positions",
@@ -39,6 +42,7 @@ __all__ = [
 ]
 
 OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX, BAD_SPANS = 0, 1, 2, 3, 4, 5
+SPAN_CROSSES, SPAN_ORDER = 6, 7  # spec rules reads do not depend on (``span_rows_status``)
 _NO_METADATA = np.uint32(2**32 - 1)
 OBS, SHARD, START, LENGTH, DEST = 0, 1, 2, 3, 4
 
@@ -813,3 +817,33 @@ def annotation_spans(
         run_offsets[obs + 1] = r
     _spread(run_offsets)
     return starts, ends, kinds, run_offsets, out, bounds, OK, 0
+
+
+@njit(nogil=True, cache=True)
+def span_rows_status(table: np.ndarray, docs: np.ndarray, records: int) -> tuple[int, int]:
+    """The first row of a shard's flat ``meta.spans`` table (three ``<u8`` per
+    row) that breaks the spec, as ``(code, row)``; ``(OK, -1)`` when none does.
+
+    ``BAD_SPANS``: what every read rejects (``_sound_row``: empty, past the
+    shard's records, or of an unknown kind); ``SPAN_ORDER``: not sorted by
+    start, then kind and end descending; ``SPAN_CROSSES``: not inside one
+    document of ``docs`` (the shard's offsets, strictly increasing from 0 to
+    ``records``). Compared as stored, unsigned: nothing can overflow. O(rows +
+    documents).
+    """
+    d = 0
+    last = docs.shape[0] - 1
+    for e in range(table.shape[0] // 3):
+        if not _sound_row(table, e, records):
+            return BAD_SPANS, e
+        start, end, kind = table[3 * e], table[3 * e + 1], table[3 * e + 2]
+        if e > 0:
+            before, before_end, before_kind = table[3 * e - 3], table[3 * e - 2], table[3 * e - 1]
+            if before > start or (before == start and (
+                    before_kind < kind or (before_kind == kind and before_end < end))):
+                return SPAN_ORDER, e
+        while d + 1 < last and docs[d + 1] <= start:
+            d += 1
+        if d + 1 > last or end > docs[d + 1]:
+            return SPAN_CROSSES, e
+    return OK, -1

@@ -34,6 +34,7 @@ from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
 from zerobatch.storage.local import check_status
 from zerobatch.stream import _kernels as k
+from zerobatch.stream import validate
 from zerobatch.stream._arena import ALIGN, Arena, carve
 from zerobatch.stream._tables import typed_tables
 from zerobatch.stream.manifest import (
@@ -45,7 +46,6 @@ from zerobatch.stream.manifest import (
     META_SPANS,
     OFFSET_DTYPE,
     SPAN_DTYPE,
-    SPAN_FIELDS,
     TOKENS,
     Manifest,
     check_sizes,
@@ -204,11 +204,7 @@ class Dataset:
     def _docs_tables(self) -> typed.List:
         """Every shard's document offsets, mapped once (8 bytes per document)."""
         if self._docs is None:
-            self._docs = self._map_tables(DOCS, lambda shard, table: (
-                None if table.shape[0] == shard.documents + 1 and table[0] == 0
-                and int(table[-1]) == shard.records
-                else f"expected {shard.documents + 1} offsets from 0 to {shard.records}"
-            ))
+            self._docs = self._map_tables(DOCS, validate.docs_table)
         return self._docs
 
     def _map_tables(
@@ -308,28 +304,21 @@ class Dataset:
     def _index_tables(self) -> typed.List:
         """Every shard's metadata index, mapped once (8 bytes per entry)."""
         if self._index is None:
-            self._index = self._map_tables(META_INDEX, lambda shard, table: (
-                None if table.shape[0] == (shard.metadata_entries or 0) + 1
-                else f"expected {(shard.metadata_entries or 0) + 1} offsets"
-            ))
+            self._index = self._map_tables(META_INDEX, validate.index_table)
         return self._index
 
     def _data_maps(self) -> typed.List:
         """Every shard's metadata data file, mapped once, as bytes."""
         if self._data is None:
-            self._data = self._map_tables(META_DATA, lambda shard, data: (
-                None if data.shape[0] == shard.files[META_DATA][0]
-                else f"expected {shard.files[META_DATA][0]} bytes; truncated after opening?"
-            ), np.dtype(np.uint8), "bytes")
+            self._data = self._map_tables(META_DATA, validate.data_bytes, np.dtype(np.uint8),
+                                          "bytes")
         return self._data
 
     def _span_tables(self) -> typed.List:
         """Every shard's ``meta.spans`` rows, mapped once, flat (version 2)."""
         if self._span_rows is None:
-            self._span_rows = self._map_tables(META_SPANS, lambda shard, rows: (
-                None if rows.shape[0] == (shard.metadata_entries or 0) * SPAN_FIELDS
-                else f"expected {(shard.metadata_entries or 0) * SPAN_FIELDS} values"
-            ), SPAN_DTYPE, "rows")
+            self._span_rows = self._map_tables(META_SPANS, validate.spans_table, SPAN_DTYPE,
+                                               "rows")
         return self._span_rows
 
     def _metadata(

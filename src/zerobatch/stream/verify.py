@@ -17,13 +17,13 @@ import xxhash
 from zerobatch._text import format_table
 from zerobatch.errors import FormatError
 from zerobatch.storage import is_url, local_path, open_storage
+from zerobatch.stream import validate
 from zerobatch.stream.manifest import (
     DOCS,
     META_DATA,
     META_ID,
     META_INDEX,
     META_SPANS,
-    NO_METADATA,
     OFFSET_DTYPE,
     SPAN_DTYPE,
     SPAN_FIELDS,
@@ -37,7 +37,7 @@ from zerobatch.stream.serializers import BUILTIN, get_serializer
 
 __all__ = ["Problem", "describe", "format_problems", "verify"]
 
-_CHUNK = 1 << 22  # records or bytes per step, to bound memory
+_CHUNK = validate.CHUNK  # bytes per step of a checksum, to bound memory
 
 
 @dataclass(frozen=True)
@@ -60,92 +60,6 @@ def _digest(path: Path) -> str:
         while got := file.readinto(buffer):
             hasher.update(view[:got])
     return hasher.hexdigest()
-
-
-def _offsets(path: Path, first: int, last: int, strict: bool) -> str | None:
-    """What is wrong with an offsets file, or None. Compared as unsigned 64-bit
-    integers, as stored: no difference is taken, so none can overflow."""
-    table = np.fromfile(path, dtype=OFFSET_DTYPE)
-    if table.shape[0] == 0 or int(table[0]) != first or int(table[-1]) != last:
-        return f"expected offsets from {first} to {last}"
-    bad = table[1:] <= table[:-1] if strict else table[1:] < table[:-1]
-    if bad.any():
-        return f"offsets go backwards at position {int(np.argmax(bad))}"
-    return None
-
-
-def _meta_ids(records: np.ndarray, docs: np.ndarray, entries: int) -> str | None:
-    """What is wrong with a shard's ``meta_id`` column, or None.
-
-    Each entry 0..entries-1 must cover one contiguous run of tokens inside one
-    document, in order.
-    """
-    ids = records[META_ID]
-    expected = 0
-    last_pos = -2
-    for begin in range(0, ids.shape[0], _CHUNK):
-        chunk = np.asarray(ids[begin : begin + _CHUNK])
-        pos = np.flatnonzero(chunk != NO_METADATA)
-        if pos.size == 0:
-            continue
-        values = chunk[pos].astype(np.int64)
-        pos = pos + begin
-        prev_values = np.concatenate([[expected - 1], values[:-1]])
-        prev_pos = np.concatenate([[last_pos], pos[:-1]])
-        same = values == prev_values
-        if (same & (pos != prev_pos + 1)).any() or ((~same) & (values != prev_values + 1)).any():
-            return "entry ids must cover one contiguous run each, in increasing order"
-        expected, last_pos = int(values[-1]) + 1, int(pos[-1])
-    if expected != entries:
-        return f"tokens use entries 0..{expected - 1}, the index has {entries}"
-    starts = docs[1:-1].astype(np.int64)
-    if starts.size:
-        at, before = ids[starts], ids[starts - 1]
-        if ((at == before) & (at != NO_METADATA)).any():
-            return "a metadata entry crosses a document boundary"
-    return None
-
-
-def _span_rows(rows: np.ndarray, docs: np.ndarray) -> str | None:
-    """What is wrong with a shard's ``meta.spans`` rows (``[entries, 3]``), or None:
-    each non-empty, inside one document, of a known kind, in stored order."""
-    start, end, kind = (rows[:, i].astype(np.int64) for i in range(SPAN_FIELDS))
-    if rows.shape[0] == 0:
-        return None
-    if (start >= end).any() or (end > int(docs[-1])).any() or (kind > 1).any():
-        return "an entry is empty, past the shard's records, or of an unknown kind"
-    doc = np.searchsorted(docs.astype(np.int64), start, side="right") - 1
-    if (end > docs[doc + 1].astype(np.int64)).any():
-        return "an entry crosses a document boundary"
-    key = np.lexsort((-end, -kind, start))
-    same = (start[key] == start) & (kind[key] == kind) & (end[key] == end)
-    if not same.all():
-        return "entries must be sorted by start, then kind and end descending"
-    return None
-
-
-def _covering_ids(records: np.ndarray, rows: np.ndarray) -> str | None:
-    """What is wrong with a shard's ``meta_id`` column in version 2, or None:
-    each token must hold the smallest id of the entries covering it."""
-    ids = records[META_ID]
-    start, end = rows[:, 0].astype(np.int64), rows[:, 1].astype(np.int64)
-    reach = np.maximum.accumulate(np.concatenate([[0], end]))[:-1]
-    own = end > reach  # entries that are the smallest covering somewhere
-    lows = np.maximum(start, reach)[own]
-    highs, numbers = end[own], np.flatnonzero(own)
-    for begin in range(0, ids.shape[0], _CHUNK):
-        chunk = np.asarray(ids[begin : begin + _CHUNK]).astype(np.int64)
-        expected = np.full(chunk.shape[0], NO_METADATA, np.int64)
-        if lows.size:
-            at = np.arange(begin, begin + chunk.shape[0])
-            k = np.searchsorted(lows, at, side="right") - 1
-            hit = (k >= 0) & (at < highs[k])  # k = -1 picks the last row: masked out
-            expected[hit] = numbers[k[hit]]
-        wrong = np.flatnonzero(chunk != expected)
-        if wrong.size:
-            return (f"token {begin + int(wrong[0])} holds {int(chunk[wrong[0]])}, the smallest "
-                    f"entry covering it is {int(expected[wrong[0]])} (none: {NO_METADATA})")
-    return None
 
 
 def _check_entries(folder: Path, shard: Shard, serializer: Any) -> str | None:
@@ -177,7 +91,9 @@ def _check_shard(folder: Path, manifest: Manifest, i: int, serializer: Any) -> l
         actual = _digest(folder / shard.file(suffix))
         note(suffix, "xxh3_64", None if actual == digest else
              f"checksum {actual} differs from the manifest's {digest}")
-    note(DOCS, "offsets", _offsets(folder / shard.file(DOCS), 0, shard.records, strict=True))
+    docs = np.fromfile(folder / shard.file(DOCS), dtype=OFFSET_DTYPE)
+    note(DOCS, "offsets", validate.docs_table(shard, docs)
+         or validate.offsets(docs, 0, shard.records, strict=True))
     records = np.memmap(folder / shard.file(TOKENS), dtype=manifest.record_dtype, mode="r") \
         if shard.records else np.zeros(0, manifest.record_dtype)
     vocab = manifest.tokenizer.vocab_size if manifest.tokenizer else None
@@ -186,20 +102,19 @@ def _check_shard(folder: Path, manifest: Manifest, i: int, serializer: Any) -> l
         note(TOKENS, "token", f"token {int(tokens.max())} is not below vocab_size {vocab}")
     if shard.metadata_entries is not None:
         size = shard.files[META_DATA][0]
-        note(META_INDEX, "offsets",
-             _offsets(folder / shard.file(META_INDEX), 0, size, strict=False))
+        index = np.fromfile(folder / shard.file(META_INDEX), dtype=OFFSET_DTYPE)
+        note(META_INDEX, "offsets", validate.index_table(shard, index)
+             or validate.offsets(index, 0, size, strict=False))
         sound = not any(p.field == "offsets" for p in problems)
         if sound and manifest.has_spans_table:
-            docs = np.fromfile(folder / shard.file(DOCS), dtype=OFFSET_DTYPE)
             rows = np.fromfile(folder / shard.file(META_SPANS), dtype=SPAN_DTYPE)
-            rows = rows.reshape(-1, SPAN_FIELDS)
-            problem = _span_rows(rows, docs)
+            problem = validate.spans_table(shard, rows) \
+                or validate.span_rows(rows, docs, shard.records)
             note(META_SPANS, "rows", problem)
             if problem is None:
-                note(TOKENS, META_ID, _covering_ids(records, rows))
+                note(TOKENS, META_ID, validate.covering_ids(records, rows.reshape(-1, SPAN_FIELDS)))
         elif sound:
-            docs = np.fromfile(folder / shard.file(DOCS), dtype=OFFSET_DTYPE)
-            note(TOKENS, META_ID, _meta_ids(records, docs, shard.metadata_entries))
+            note(TOKENS, META_ID, validate.run_ids(records, docs, shard.metadata_entries))
         if sound and serializer is not None:
             note(META_DATA, "entries", _check_entries(folder, shard, serializer))
     return problems
