@@ -27,7 +27,7 @@ def _inspect(location: str) -> str:
     """A table describing ``location``: a ``.batch`` file, a batch shard folder,
     a token-stream dataset or a tensor file (detected from its bytes). Object
     store URLs are read with the cloud's environment variables."""
-    from zerobatch import batch_loader, stream
+    from zerobatch import llmbatch, stream
     from zerobatch.storage import is_url
 
     if is_url(location):
@@ -35,8 +35,8 @@ def _inspect(location: str) -> str:
     path = Path(location)
     if stream.is_dataset(path):
         return stream.describe(path)
-    if path.is_dir() or batch_loader.is_batch_file(path):
-        return batch_loader.describe(path)
+    if path.is_dir() or llmbatch.is_batch_file(path):
+        return llmbatch.describe(path)
     from zerobatch import tensors
 
     if tensors.is_tensor_file(path):

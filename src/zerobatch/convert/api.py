@@ -181,7 +181,7 @@ def _has_manifest(output: Path | str, options: Mapping[str, Any]) -> bool:
 
 def _write_batch(stream: Path, output: Path, seq_len: int, batch_size: int, seed: int) -> None:
     """LLMBATCH from a token stream: records of ``seq_len`` tokens, read in chunks."""
-    from zerobatch.batch_writer import write_batch_dataset
+    from zerobatch.llmbatch import write_batch_dataset
 
     manifest = read_manifest(stream)
     total = sum(shard.records for shard in manifest.shards) // seq_len

@@ -53,7 +53,7 @@ def _stream(folder: Path) -> Distributions:
 
 
 def _batch_file(path: Path) -> Distributions:
-    from zerobatch.batch_loader import BatchFileReader
+    from zerobatch.llmbatch import BatchFileReader
 
     with BatchFileReader(path) as reader:
         step = max(1, reader.num_batches * reader.batch_size * reader.seq_len // _SAMPLE_TOKENS)
@@ -71,7 +71,7 @@ def _batch_file(path: Path) -> Distributions:
 
 def distributions(path: str | os.PathLike[str]) -> Distributions:
     """The distributions of a token-stream dataset folder or an LLMBATCH file."""
-    from zerobatch.batch_loader import is_batch_file
+    from zerobatch.llmbatch import is_batch_file
 
     folder = Path(path)
     if is_dataset(folder):
