@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from zerobatch import FormatError
 from zerobatch.batch_loader import BatchFileReader
 from zerobatch.batch_writer import write_batch_dataset
 from zerobatch.storage.publish import publisher
-from zerobatch.stream import StreamWriter, open_dataset, verify
+from zerobatch.stream import StreamWriter, combine, open_dataset, verify
 from zerobatch.stream.manifest import MANIFEST
 
 
@@ -29,8 +30,9 @@ def _tokens(location, **options) -> np.ndarray:
         return ds.documents().read(np.arange(ds.num_documents))["input_ids"].values.copy()
 
 
-def _run_killed(folder: Path, kill_at: int) -> int:
-    """Run the writer in a forked child killed at step ``kill_at``; its wait status."""
+def _run_killed(folder: Path, kill_at: int, job: Callable[[], object] | None = None) -> int:
+    """Run the writer (or ``job``) in a forked child killed at step ``kill_at``;
+    its wait status."""
     with warnings.catch_warnings():  # the child touches no JAX, obstore or thread
         warnings.simplefilter("ignore", RuntimeWarning)
         pid = os.fork()
@@ -38,7 +40,10 @@ def _run_killed(folder: Path, kill_at: int) -> int:
         code = 1
         try:
             arm(kill_at)
-            write(str(folder), seed=5)
+            if job is None:
+                write(str(folder), seed=5)
+            else:
+                job()
             code = 0
         finally:
             os._exit(code)
@@ -67,6 +72,33 @@ def test_local_writer_killed_at_every_step(tmp_path):
         # a writer killed after its manifest went out may leave its (unheld) lock file
         assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
     assert steps >= 10  # every fsync and rename of three shards and the manifest
+
+
+def test_combine_killed_at_every_step_reruns(tmp_path):
+    """A combine SIGKILLed at any fsync or rename: the output has no manifest
+    (or a whole dataset) and rerunning the same combine cleans up and completes
+    (it once refused: "not empty")."""
+    parts = [tmp_path / "a", tmp_path / "b"]
+    for seed, part in enumerate(parts):
+        write(str(part), seed=seed)
+    want = _tokens(combine(parts, tmp_path / "reference"))
+    steps = 0
+    for kill_at in range(1, 100):
+        folder = tmp_path / f"killed-{kill_at}"
+        status = _run_killed(folder, kill_at, lambda f=folder: combine(parts, f))
+        if os.WIFEXITED(status):
+            assert os.WEXITSTATUS(status) == 0
+            break
+        assert os.WTERMSIG(status) == signal.SIGKILL
+        steps += 1
+        if not (folder / MANIFEST).exists():
+            assert any(p.name.startswith((".0", "0")) for p in folder.iterdir())
+            combine(parts, folder)  # the rerun cleans up and finishes
+        assert verify(folder) == [] and np.array_equal(_tokens(folder), want)
+        assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    assert steps >= 12  # the renames of six shards' two files, then the manifest's steps
+    with pytest.raises(FileExistsError, match="already holds a dataset"):
+        combine(parts, tmp_path / "reference")
 
 
 def test_a_live_writer_holds_its_folder(tmp_path):

@@ -42,10 +42,16 @@ __all__ = [
     "StagedFile",
     "fsync_folder",
     "publisher",
+    "temp_path",
 ]
 
 TMP_SUFFIX = ".tmp"
 """Temporary files of a local publish are named ``.NAME.PID.RANDOM.tmp``."""
+
+
+def temp_path(path: Path) -> Path:
+    """A fresh temporary name beside ``path``: ``.NAME.PID.RANDOM.tmp``."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
 
 
 def fsync_folder(folder: Path) -> None:
@@ -93,7 +99,7 @@ class AtomicFile(_HashedFile):
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TMP_SUFFIX}")
+        self.tmp = temp_path(path)
         super().__init__(self.tmp)
 
     def fileno(self) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from zerobatch.storage import ObjectStorage, is_url, local_path, open_storage
-from zerobatch.storage.publish import LocalPublisher, publisher
+from zerobatch.storage.publish import LocalPublisher, publisher, temp_path
 from zerobatch.stream.manifest import (
     Manifest,
     Shard,
@@ -24,13 +24,14 @@ from zerobatch.stream.manifest import (
     shard_name,
     write_manifest,
 )
+from zerobatch.stream.writer import take_output
 
 __all__ = ["combine"]
 
 
 def _link(source: Path, target: Path) -> None:
     """Place ``source`` at ``target`` atomically: a hard link, else a copy."""
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp = temp_path(target)
     try:
         os.link(source, tmp)
     except OSError:
@@ -61,7 +62,9 @@ def combine(
     documents of ``datasets[0]``, then ``datasets[1]``, … (windows do not depend
     on shard boundaries). Every input must have the same record dtype, metadata
     serializer, format version and tokenizer (``ValueError`` otherwise) and its files the sizes
-    its manifest gives (``FormatError``). ``output`` must not hold a dataset.
+    its manifest gives (``FormatError``). ``output`` must not hold a dataset; what
+a killed ``combine`` or writer left there is removed first, so rerunning after
+a kill completes (as for ``StreamWriter``).
 
     Any of them may be an object-store URL (``storage_options`` apply to all
     URLs): shards of inputs in the output's bucket are copied inside the store;
@@ -80,9 +83,8 @@ def combine(
             _same_layout(manifests[0], manifest, path)
             check_sizes(path, manifest, storage.size)
         out = publisher(output, **(options if is_url(output) else {}))
+        take_output(out)
         try:
-            if out.names():
-                raise FileExistsError(f"{out.location} is not empty")
             shards: list[Shard] = []
             for path, storage, manifest in zip(locations, storages, manifests, strict=True):
                 for shard in manifest.shards:
@@ -109,7 +111,7 @@ def _place(path: str | Path, storage: Any, name: str, out: Any, target: str) -> 
         if isinstance(path, Path):
             _link(path / name, out.folder / target)
             return
-        tmp = out.folder / f".{target}.{os.getpid()}.tmp"
+        tmp = temp_path(out.folder / target)
         storage.download(name, tmp)
         os.replace(tmp, out.folder / target)
         return

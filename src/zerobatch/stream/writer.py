@@ -39,12 +39,34 @@ from zerobatch.stream.manifest import (
 )
 from zerobatch.stream.serializers import get_serializer, serializer_name
 
-__all__ = ["DEFAULT_SHARD_TOKENS", "StreamWriter"]
+__all__ = ["DEFAULT_SHARD_TOKENS", "StreamWriter", "take_output"]
 
 _LEFTOVER = re.compile(
     r"^\.?\d{5,}\.(tokens|docs|meta\.index|meta\.data|meta\.spans)(\.\d+\.[0-9a-f]+\.tmp)?$"
     r"|^\.manifest\.json\.\d+\.[0-9a-f]+\.tmp$"
 )
+
+
+
+def take_output(out: Publisher) -> None:
+    """Claim ``out`` for one writer and remove what a dead writer left there:
+    shard files and temporary files of a dataset whose manifest was never
+    written (other names are left alone). Raises ``FileExistsError`` when a
+    live writer holds ``out`` or it holds a dataset; ``out`` is closed then.
+    StreamWriter and ``combine`` start here, so a rerun after a kill completes.
+    """
+    try:
+        out.claim()
+        names = out.names()
+        if MANIFEST in names:
+            raise FileExistsError(f"{out.location} already holds a dataset ({MANIFEST})")
+        for name in names:  # a dead writer's files: its manifest was never written
+            if _LEFTOVER.match(name):
+                out.remove(name)
+    except BaseException:
+        out.close()
+        raise
+
 
 DEFAULT_SHARD_TOKENS = 1 << 28
 _FLUSH_BYTES = 8 << 20
@@ -208,18 +230,7 @@ class StreamWriter:
             self._limit = vocab - 1
         self._shard_tokens = shard_tokens
         self._out = publisher(path, **(storage_options or {}))
-        try:
-            self._out.claim()
-            names = self._out.names()
-            if MANIFEST in names:
-                raise FileExistsError(f"{self._out.location} already holds a dataset "
-                                      f"({MANIFEST})")
-            for name in names:  # a dead writer's files: its manifest was never written
-                if _LEFTOVER.match(name):
-                    self._out.remove(name)
-        except BaseException:
-            self._out.close()
-            raise
+        take_output(self._out)
         self._shards: list[Shard] = []
         self._current: _ShardBuilder | None = None
         self._documents = 0
