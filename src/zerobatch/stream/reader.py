@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import compress
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,8 @@ from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
 from zerobatch.storage.local import check_status
 from zerobatch.stream import _kernels as k
-from zerobatch.stream import validate
 from zerobatch.stream._arena import ALIGN, Arena, carve
-from zerobatch.stream._tables import typed_tables
+from zerobatch.stream.index import Index, MappedIndex
 from zerobatch.stream.manifest import (
     DOCS,
     DOCUMENT_KIND,
@@ -44,8 +43,6 @@ from zerobatch.stream.manifest import (
     META_ID,
     META_INDEX,
     META_SPANS,
-    OFFSET_DTYPE,
-    SPAN_DTYPE,
     TOKENS,
     Manifest,
     check_sizes,
@@ -83,7 +80,8 @@ class Dataset:
     """
 
     def __init__(
-        self, path: str | Path, manifest: Manifest, storage: Storage, serializer: Any
+        self, path: str | Path, manifest: Manifest, storage: Storage, serializer: Any, *,
+        bases: Sequence[int] | None = None,
     ) -> None:
         self._path = path
         self._manifest = manifest
@@ -94,20 +92,26 @@ class Dataset:
         self._records = np.array([s.records for s in shards], dtype=np.int64)
         self._shard_starts = np.concatenate([[0], np.cumsum(self._records)]).astype(np.int64)
         self._doc_starts = np.concatenate(
-            [[0], np.cumsum([s.documents for s in shards])]
-        ).astype(np.int64)
-        self._entries = np.array([s.metadata_entries or 0 for s in shards], dtype=np.int64)
+            [[0], np.cumsum([s.documents for s in shards])]).astype(np.int64)
+        # Byte where each shard's records start in its token file (None: all at 0).
+        self._bases = None if bases is None or not any(bases) else np.array(bases, np.int64)
         self._token_handles = np.full(len(shards), -1, dtype=np.int64)  # -1: not open yet
-        self._docs: typed.List | None = None
-        self._index: typed.List | None = None
-        self._data: typed.List | None = None
-        self._span_rows: typed.List | None = None
-        self._shard_ids = np.arange(len(shards), dtype=np.int64)
-        blocks = getattr(storage, "blocks", None)
-        self._ranged = None if blocks is None else RangedIndex(manifest, blocks, self._check)
+        self._index = self._make_index()
         self._arena = Arena()
         self._lock = threading.Lock()
         self._closed = False
+
+    def _make_index(self) -> Index:
+        """The index of document offsets and metadata: the mapped files, or over
+        a block cache (``ObjectStorage.blocks``) the entries a batch needs."""
+        blocks = getattr(self._storage, "blocks", None)
+        if blocks is None:
+            return MappedIndex(self._manifest, self._storage, self._shard_error)
+        return RangedIndex(self._manifest, blocks, self._check)
+
+    def _token_file(self, shard: int) -> str:
+        """The name of ``shard``'s token file in the storage."""
+        return self._manifest.shards[shard].file(TOKENS)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return Dataset, (self._path, self._manifest, self._storage, self._serializer)
@@ -198,37 +202,14 @@ class Dataset:
                 raise ValueError(f"{self._path} is closed")
             for s in np.unique(shards).tolist():
                 if table[s] < 0:
-                    table[s] = self._storage.open(self._manifest.shards[s].file(TOKENS))
+                    table[s] = self._storage.open(self._token_file(s))
         return table
 
     def _docs_tables(self) -> typed.List:
-        """Every shard's document offsets, mapped once (8 bytes per document)."""
-        if self._docs is None:
-            self._docs = self._map_tables(DOCS, validate.docs_table)
-        return self._docs
-
-    def _map_tables(
-        self, kind: str, problem: Callable[[Any, np.ndarray], str | None],
-        dtype: np.dtype = OFFSET_DTYPE, field: str = "offsets",
-    ) -> typed.List:
-        """Every shard's ``kind`` file mapped as ``dtype``, each checked by
-        ``problem`` (a message, or None when the table is sound; errors name
-        ``field``)."""
-        with self._lock:
-            tables = []
-            for i, shard in enumerate(self._manifest.shards):
-                raw = self._storage.map(shard.file(kind))
-                if raw.shape[0] % dtype.itemsize:
-                    raise self._shard_error(i, kind, field, f"{raw.shape[0]} bytes is not a "
-                                            f"whole number of {dtype.itemsize}-byte entries")
-                table = raw.view(dtype)
-                message = problem(shard, table)
-                if message is not None:
-                    raise self._shard_error(i, kind, field, message)
-                tables.append(table)
-            empty = np.empty(0, dtype)
-            empty.setflags(write=False)  # typed like the mappings
-            return typed_tables(tables, empty)
+        """Every shard's document offsets, whole (local files: a ``MappedIndex``)."""
+        if not isinstance(self._index, MappedIndex):
+            raise TypeError(f"{self._path}: whole offset tables need a MappedIndex")
+        return self._index.docs_tables()
 
     def _read_records(
         self, pieces: npt.NDArray[np.int64], requests: npt.NDArray[np.int64], closed: int,
@@ -239,6 +220,8 @@ class Dataset:
         shards = pieces[:, k.SHARD]
         if closed >= 0:
             requests[0] = self._open(shards)[shards]
+        if self._bases is not None:
+            requests[1] += self._bases[shards]
         short = self._storage.read_into(requests[0], requests[1], requests[2], buffer, requests[3])
         if short >= 0:
             raise self._short_read(shards, requests, short)
@@ -283,43 +266,13 @@ class Dataset:
         """The tables the kernels read for ``pieces``: the mapped files, or over a
         block cache the entries the pieces need (document offsets when ``docs``,
         metadata when ``meta_ids`` are given)."""
-        if self._ranged is not None:
-            return self._ranged.view(pieces, obs_begin, obs_len, docs=docs, meta_ids=meta_ids)
-        meta = meta_ids is not None
-        return IndexView(pieces, self._shard_ids, self._records,
-                         self._docs_tables() if docs else None, self._doc_starts, meta_ids,
-                         self._entries, self._index_tables() if meta else None,
-                         self._data_maps() if meta else None,
-                         self._span_tables() if meta and self.has_document_metadata else None)
+        return self._index.view(pieces, obs_begin, obs_len, docs=docs, meta_ids=meta_ids)
 
     def _plan_documents(
         self, indices: npt.NDArray[np.int64], max_len: int
     ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
         """``_kernels.plan_documents`` over the mapped offsets or by range."""
-        if self._ranged is not None:
-            return self._ranged.plan_documents(indices, max_len)
-        return k.plan_documents(indices, max_len, self._doc_starts, self._docs_tables(),
-                                self._records)
-
-    def _index_tables(self) -> typed.List:
-        """Every shard's metadata index, mapped once (8 bytes per entry)."""
-        if self._index is None:
-            self._index = self._map_tables(META_INDEX, validate.index_table)
-        return self._index
-
-    def _data_maps(self) -> typed.List:
-        """Every shard's metadata data file, mapped once, as bytes."""
-        if self._data is None:
-            self._data = self._map_tables(META_DATA, validate.data_bytes, np.dtype(np.uint8),
-                                          "bytes")
-        return self._data
-
-    def _span_tables(self) -> typed.List:
-        """Every shard's ``meta.spans`` rows, mapped once, flat (version 2)."""
-        if self._span_rows is None:
-            self._span_rows = self._map_tables(META_SPANS, validate.spans_table, SPAN_DTYPE,
-                                               "rows")
-        return self._span_rows
+        return self._index.plan_documents(indices, max_len)
 
     def _metadata(
         self, meta_ids: np.ndarray, pieces: npt.NDArray[np.int64],
@@ -512,7 +465,7 @@ class TokenWindows:
         allowed) as one Batch."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
         idx = _indices(indices)
-        if self._direct and ds._local is not None:
+        if self._direct and ds._local is not None and ds._bases is None:
             return self._read_direct(ds._local, idx)
         itemsize = self._record_dtype.itemsize
         pieces, requests, closed, bad = k.plan_windows(
