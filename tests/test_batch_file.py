@@ -15,6 +15,7 @@ from zerobatch import FormatError
 from zerobatch.batch_format import HEADER_SIZE, BatchHeader, read_header
 from zerobatch.batch_loader import BatchFileReader, BatchNativeLoader
 from zerobatch.batch_writer import write_batch_dataset, write_batch_file
+from zerobatch.loader import Loader
 from zerobatch.shuffle import Feistel
 
 TMP = settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -453,7 +454,7 @@ def test_exact_elastic_resume(
     if not path.exists():
         write_batch_file(path, _records(8 * 50, 4), 8, 4, 1)
     ids = _batch_ids(path)
-    steps = min(steps, 50 // old_world)
+    steps = min(steps, 50 // old_world - 1)  # mid-epoch: a finished epoch's state names the next
     received: list[int] = []
     state = None
     for rank in range(old_world):
@@ -485,11 +486,16 @@ def test_loader_state_mismatch_and_epoch_end(tmp_path: Path) -> None:
         loader.load_state_dict({**loader.state_dict(), "seed": 2})
     with pytest.raises(ValueError, match="consumed"):
         loader.load_state_dict({**loader.state_dict(), "consumed": 10**6})
-    with pytest.raises(ValueError, match="state version"):
+    with pytest.raises(ValueError, match="version"):
         loader.load_state_dict({})
     assert len(list(loader)) == len(loader) == 25
-    assert loader.state_dict()["consumed"] == 25
+    finished = loader.state_dict()
+    assert (finished["epoch"], finished["consumed"]) == (1, 0), "a finished epoch names the next"
     assert len(list(loader)) == 25, "a finished epoch starts over when iterated again"
+    resumed = BatchNativeLoader(path, seed=1)
+    resumed.load_state_dict(finished)
+    assert resumed.epoch == 1
+    resumed.close()
     loader.set_epoch(1)
     assert loader.state_dict()["consumed"] == 0
     with pytest.raises(ValueError, match="rank"):
@@ -505,4 +511,85 @@ def test_int32_loader_edits_do_not_leak_into_the_next_epoch(tmp_path: Path) -> N
         b.fill_(-1)  # a training loop masking tokens in place
     second = list(loader)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    loader.close()
+
+
+@given(world=st.integers(1, 4), new_world=st.integers(1, 4), steps=st.integers(0, 11),
+       native_first=st.booleans())
+@TMP
+def test_native_loader_and_loader_resume_each_other(
+    tmp_path: Path, world: int, new_world: int, steps: int, native_first: bool
+) -> None:
+    """One state protocol: a BatchNativeLoader's state resumes a Loader over the
+    same file's BatchFileReader and the reverse, also with another world_size."""
+    path = tmp_path / "r.batch"
+    if not path.exists():
+        write_batch_file(path, _records(8 * 50, 4), 8, 4, 1)
+    ids = _batch_ids(path)
+
+    def native(rank: int, size: int) -> BatchNativeLoader:
+        return BatchNativeLoader(path, block_size=4, seed=7, rank=rank, world_size=size,
+                                 output="numpy")
+
+    def loader(rank: int, size: int) -> tuple[Loader, BatchFileReader]:
+        reader = BatchFileReader(path)
+        return Loader(reader, 1, seed=7, block_size=4, rank=rank, world_size=size,
+                      output="numpy", num_threads=0), reader
+
+    steps = min(steps, 50 // world - 1)
+    received: list[int] = []
+    state = None
+    for rank in range(world):
+        if native_first:
+            with native(rank, world) as first:
+                batches = iter(first)
+                received += [ids[int(next(batches)[0, 0])] for _ in range(steps)]
+                state = first.state_dict()
+        else:
+            first_loader, reader = loader(rank, world)
+            batches = iter(first_loader)
+            received += [ids[int(next(batches)["tokens"][0, 0, 0])] for _ in range(steps)]
+            state = first_loader.state_dict()
+            first_loader.close()
+            reader.close()
+    state = json.loads(json.dumps(state))
+    for rank in range(new_world):
+        if native_first:
+            then_loader, reader = loader(rank, new_world)
+            then_loader.load_state_dict(state)
+            received += [ids[int(b["tokens"][0, 0, 0])] for b in then_loader]
+            reader.close()
+        else:
+            with native(rank, new_world) as then:
+                then.load_state_dict(state)
+                received += [ids[int(b[0, 0])] for b in then]
+    assert len(set(received)) == len(received), "a batch was yielded twice"
+    assert len(received) >= 50 - new_world + 1, "more than the documented tail was dropped"
+
+
+def test_native_loader_refuses_another_files_state_and_loads_the_older_form(
+    tmp_path: Path,
+) -> None:
+    first, _ = _write(tmp_path)
+    other = tmp_path / "other.batch"
+    write_batch_file(other, _records(200, 16, high=2**31, seed=1), 8, 16, 7)  # same shape and seeds
+    loader = BatchNativeLoader(first, seed=1)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = loader.state_dict()
+    with BatchNativeLoader(other, seed=1) as stranger, \
+            pytest.raises(ValueError, match="fingerprint"):
+        stranger.load_state_dict(state)
+    for bad in (None, [], "state", 3):
+        with pytest.raises(ValueError, match="must be a dict"):
+            loader.load_state_dict(bad)  # type: ignore[arg-type]
+    older = {"version": 1, "epoch": 0, "consumed": 3, "seed": 1, "block_size": 256,
+             "shuffle": True, "num_batches": len(loader)}
+    with BatchNativeLoader(first, seed=1) as resumed:
+        resumed.load_state_dict(older)
+        assert resumed.state_dict()["consumed"] == 3
+        assert [b.tolist() for b in resumed] == [b.tolist() for b in batches]
+        with pytest.raises(ValueError, match="seed"):
+            resumed.load_state_dict({**older, "seed": 2})
     loader.close()

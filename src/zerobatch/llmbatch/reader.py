@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import xxhash
 
 from zerobatch._output_dtype import CASTS, output_dtype
 from zerobatch._text import format_table
@@ -317,10 +318,15 @@ class BatchFileReader:
 
     @property
     def fingerprint(self) -> str:
-        """Identifies the file(s) a loader state belongs to: shard sizes and header fields."""
+        """Identifies the file(s) a loader state belongs to: header fields, shard
+        sizes and a hash of the first and last batches' tokens (two reads, so a
+        file of the same shape and write seed but other tokens differs)."""
         sizes = ",".join(str(shard.header.file_size) for shard in self._shards)
+        ends = xxhash.xxh3_64()
+        ends.update(np.ascontiguousarray(self.read_batch(0)).data)
+        ends.update(np.ascontiguousarray(self.read_batch(self.num_batches - 1)).data)
         return (f"llmbatch:{self.num_batches}:{self.batch_size}:{self.seq_len}:"
-                f"{self.dtype.str}:{self.seed}:{self.total_records}:{sizes}")
+                f"{self.dtype.str}:{self.seed}:{self.total_records}:{sizes}:{ends.hexdigest()}")
 
     def read(self, indices: Any) -> Batch:
         """The batches at ``indices`` as a ``Batch`` whose observations are whole
