@@ -99,15 +99,24 @@ def test_resume_at_a_random_step(bucket: tuple[Path, dict[str, np.ndarray]]) -> 
             ds()
         state = json.loads(json.dumps(ds.state_dict()))
         after = [tuple(np.asarray(a) for a in ds(2)) for _ in range(30)]
-    with ShardDataset(*args, tp=2, prefetch=0) as fresh:
+    for mismatch, message in (({"seed": 8}, "seed=9"), ({"shuffle": False}, "shuffle=True")):
+        with ShardDataset(*args, tp=2, prefetch=0, **{"shuffle": True, "seed": 9, **mismatch}) \
+                as other, pytest.raises(ValueError, match=message):
+            other.load_state_dict(state)  # refused: it would not continue the same order
+    with ShardDataset(*args, tp=2, shuffle=True, seed=9, prefetch=0) as fresh:
         fresh.load_state_dict(state)
         again = [tuple(np.asarray(a) for a in fresh(2)) for _ in range(30)]
+    older = {key: state[key] for key in ("version", "epoch", "consumed", "seed", "shuffle",
+                                         "fingerprint")}  # before ShardDataset used Position
+    with ShardDataset(*args, tp=2, shuffle=True, seed=9, prefetch=0) as old:
+        old.load_state_dict(older)
+        assert old.state_dict() == state
     for (x0, y0), (x1, y1) in zip(after, again, strict=True):
         np.testing.assert_array_equal(x0, x1)
         np.testing.assert_array_equal(y0, y1)
     assert state["epoch"] == 0 and state["consumed"] == stop * 8
     with ShardDataset(root, "val", T, 4, 2, 2, 2, partition, tp=2) as other, \
-            pytest.raises(ValueError, match="state is for data"):
+            pytest.raises(ValueError, match="another source or order"):
         other.load_state_dict(state)
 
 

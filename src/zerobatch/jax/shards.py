@@ -37,13 +37,12 @@ import jax
 import numpy as np
 
 from zerobatch.jax._global import check_layout, local_rows, to_global
-from zerobatch.plan import Plan
+from zerobatch.plan import Plan, Position
 from zerobatch.storage import is_url, join, local_path, open_storage
 from zerobatch.stream.npy import NpyTokens, open_npy
 
 __all__ = ["DataConfig", "ShardDataset", "get_datasets"]
 
-STATE_VERSION = 1
 _logger = logging.getLogger("zerobatch.jax")
 
 
@@ -157,7 +156,7 @@ class ShardDataset:
         self.partition = partition
         self.id = id
         self._shuffle = bool(shuffle)
-        self._seed = int(seed)
+        self._seed = seed
         self._prefetch = prefetch
         self._tokens = _open_split(bucket_name, id, dict(storage_options or {}))
         self._windows = self._tokens.windows(T, dtype=dtype)
@@ -166,8 +165,11 @@ class ShardDataset:
             self._tokens.close()
             raise ValueError(f"{bucket_name}/{id} holds {len(self._windows)} windows of {T} "
                              f"tokens, fewer than one step ({self._rows} = dp * batch_size)")
-        self._epoch = 0
-        self._consumed = 0  # windows of this epoch already returned, all processes
+        self._plan = Plan(len(self._windows), self._rows, seed=self._seed,
+                          shuffle=self._shuffle)
+        # The one state every zerobatch iterable shares: consumed counts the windows of
+        # the epoch already returned, all processes together, as a Loader's does.
+        self._position = Position(self._plan, self._windows.fingerprint)
         self._ahead: collections.deque[tuple[tuple[int, int, int], Future[Any]]] = (
             collections.deque()
         )
@@ -197,7 +199,12 @@ class ShardDataset:
     @property
     def epoch(self) -> int:
         """The epoch the next call reads from."""
-        return self._epoch
+        return self._position.epoch
+
+    @property
+    def plan(self) -> Plan:
+        """The plan: one step is ``dp * batch_size`` windows, all processes together."""
+        return self._plan
 
     def _start(self, epoch: int, consumed: int, step: int) -> tuple[int, int]:
         """Where a call of ``step`` steps from (epoch, consumed) starts: the
@@ -213,8 +220,7 @@ class ShardDataset:
             positions = np.arange(step * self._rows, dtype=np.int64)
         else:
             positions = local_rows(self.partition, shape)
-        plan = Plan(len(self._windows), self._rows, seed=self._seed, shuffle=self._shuffle)
-        order = plan.order(epoch)  # the Loader's epoch order: the same seed, the same windows
+        order = self._plan.order(epoch)  # the Loader's epoch order: same seed, same windows
         windows = consumed + positions
         batch = self._windows.read(windows if order is None else order(windows))
         if self.partition is None:
@@ -232,7 +238,7 @@ class ShardDataset:
         if step * self._rows > len(self._windows):
             raise ValueError(f"step={step} needs {step * self._rows} windows; the split "
                              f"holds {len(self._windows)}")
-        epoch, consumed = self._start(self._epoch, self._consumed, step)
+        epoch, consumed = self._start(*self._position.step, step)
         key = (epoch, consumed, step)
         if self._ahead and self._ahead[0][0] == key:
             future = self._ahead.popleft()[1]
@@ -245,9 +251,9 @@ class ShardDataset:
         except BaseException:
             self._drop_ahead()  # the position stays: the next call retries these rows
             raise
-        if epoch != self._epoch:
+        if epoch != self._position.epoch:
             _log(f"{self.id}: epoch {epoch}")
-        self._epoch, self._consumed = epoch, consumed + step * self._rows
+        self._position.epoch, self._position.consumed = epoch, consumed + step * self._rows
         self._note_file(consumed)
         return arrays
 
@@ -279,27 +285,20 @@ class ShardDataset:
                 future.exception()  # wait; a failed read-ahead that nobody asked for is moot
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next call starts: JSON-able, independent of ``prefetch``."""
-        return {"version": STATE_VERSION, "epoch": self._epoch, "consumed": self._consumed,
-                "seed": self._seed, "shuffle": self._shuffle,
-                "fingerprint": self._windows.fingerprint}
+        """Where the next call starts: :meth:`zerobatch.plan.Position.state_dict`,
+        JSON-able, independent of ``prefetch``."""
+        return self._position.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume exactly where ``state`` was taken (same shards and ``T``, any
-        ``prefetch``; ``seed`` and ``shuffle`` come from the state)."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state version {state.get('version')!r} is not "
-                             f"{STATE_VERSION}; saved by another zerobatch?")
-        if state.get("fingerprint") != self._windows.fingerprint:
-            raise ValueError(f"state is for data {state.get('fingerprint')!r}, this dataset "
-                             f"is {self._windows.fingerprint!r} (other shards or T)")
-        consumed = int(state["consumed"])
-        if not 0 <= consumed <= len(self._windows):
-            raise ValueError(f"state consumed={consumed} is outside the epoch "
-                             f"(0..{len(self._windows)})")
+        ``prefetch``). ValueError names what differs when the state has another
+        seed, shuffle, data or version: it would not continue the same order."""
+        if isinstance(state, dict) and "length" not in state and "fingerprint" in state:
+            # the older form: no length and block_size (a ShardDataset never blocks)
+            state = {**state, "length": len(self._windows), "block_size": None}
+        step = self._position.check(state)
         self._drop_ahead()
-        self._epoch, self._consumed = int(state["epoch"]), consumed
-        self._seed, self._shuffle = int(state["seed"]), bool(state["shuffle"])
+        self._position.epoch, self._position.consumed = step
         self._file = -1
 
     def close(self) -> None:
