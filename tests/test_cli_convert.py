@@ -79,6 +79,32 @@ def test_user_mistakes_exit_with_one_line(
     assert len(lines) == 1 and message in lines[0]
 
 
+@pytest.mark.parametrize(("name", "content", "options", "message"), [
+    ("deep.jsonl", b'{"text": "a"}\n{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", [],
+     "deep.jsonl: field 'line 2': JSON nested too deeply"),
+    ("notzstd.jsonl.zst", b'{"text": "not compressed"}\n', [],
+     "notzstd.jsonl.zst: field 'line 1': cannot decompress the file from here on: not zstd"),
+    ("big.jsonl", b'{"text": "a", "n": %d}\n' % 2**70, ["--metadata-field", "n"],
+     "big.jsonl: field 'line 1': metadata cannot be stored"),
+    ("in.jsonl", b'{"text": "a"}\n', ["--format", "batch", "--seq-len", "0", "--batch-size",
+                                      "2"], "seq_len (--seq-len) must be a positive integer"),
+])
+def test_hostile_inputs_exit_with_one_line(
+    tmp_path: Path, name: str, content: bytes, options: list[str], message: str,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What once printed a traceback: one line naming the file and line (or the
+    argument) and what to do, exit status 1, no dataset."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_bytes(content)
+    assert main(["convert", name, "-o", "out", "--tokenizer", "bytes", "--workers", "1",
+                 "--quiet", *options]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert "--skip-bad" in lines[0] or "seq_len" in lines[0]
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
 def test_a_bad_input_line_in_a_real_process(tmp_path: Path) -> None:
     (tmp_path / "in.jsonl").write_text('{"text": "a"}\n{"text": \n')
     done = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", "in.jsonl", "-o",

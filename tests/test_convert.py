@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,6 +264,45 @@ def test_bad_bytes_and_skip_bad_counts(tmp_path: Path) -> None:
     result = convert(tmp_path / "in.jsonl", tmp_path / "out2", tokenizer="bytes",
                      spans_field="spans", skip_bad=True, workers=1, quiet=True)
     assert (result.documents, result.skipped_bad, result.skipped_empty) == (3, 6, 1)
+
+
+def _zstd(data: bytes) -> bytes:
+    return zstandard.ZstdCompressor().compress(data)
+
+
+@pytest.mark.parametrize(("cut", "where", "message"), [
+    (lambda z: z[: len(z) // 2], "line 1", "cut short"),  # truncated mid-frame
+    (lambda z: z[:6], "line 1", "cut short"),  # a frame header alone
+    (lambda z: b"", "line 1", "empty"),
+    (lambda z: z + b"trailing garbage", "line 201", "not zstd, or corrupt"),  # after the frame
+    (lambda z: z + z[:9], "line 201", "cut short"),  # a second frame, truncated
+])
+def test_corrupt_zstd_fails_the_convert(
+    tmp_path: Path, cut: Callable[[bytes], bytes], where: str, message: str
+) -> None:
+    """A corrupt .zst once converted to an empty dataset with exit status 0:
+    it fails, naming the file and the line where decompression stopped, or with
+    skip_bad is counted as one bad record."""
+    lines = b"".join(b'{"text": "line %d"}\n' % i for i in range(200))
+    path = tmp_path / "in.jsonl.zst"
+    path.write_bytes(cut(_zstd(lines)))
+    with pytest.raises(FormatError, match=message) as error:
+        convert(path, tmp_path / "out", tokenizer="bytes", workers=1, quiet=True)
+    assert error.value.path == str(path) and error.value.field == where
+    assert "--skip-bad" in str(error.value)
+    assert not (tmp_path / "out" / "manifest.json").exists()
+    result = convert(path, tmp_path / "skip", tokenizer="bytes", workers=1, quiet=True,
+                     skip_bad=True)
+    assert result.skipped_bad == 1
+    assert result.documents == int(where.split()[1]) - 1
+
+
+def test_concatenated_zstd_frames_read_whole(tmp_path: Path) -> None:
+    lines = [b'{"text": "line %d"}\n' % i for i in range(300)]
+    path = tmp_path / "in.jsonl.zst"
+    path.write_bytes(_zstd(b"".join(lines[:100])) + _zstd(b"".join(lines[100:])))
+    result = convert(path, tmp_path / "out", tokenizer="bytes", workers=1, quiet=True)
+    assert (result.documents, result.skipped_bad) == (300, 0)
 
 
 def test_unreadable_tokenizer_and_parquet(tmp_path: Path) -> None:

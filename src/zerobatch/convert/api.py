@@ -266,6 +266,15 @@ def convert(
         raise ValueError(f"format must be 'stream' or 'batch', got {format!r}")
     if format == "batch" and (seq_len is None or batch_size is None):
         raise ValueError("format='batch' needs seq_len and batch_size")
+    for name, flag, value in (("seq_len", "--seq-len", seq_len),
+                              ("batch_size", "--batch-size", batch_size),
+                              ("task_bytes", "--task-mb", task_bytes),
+                              ("shard_tokens", "", shard_tokens),
+                              ("workers", "--workers", workers)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):
+            raise ValueError(f"{name}{f' ({flag})' if flag else ''} must be a positive "
+                             f"integer, got {value!r}")
     options = dict(storage_options or {})
     out: Path | str = str(output).rstrip("/") if is_url(output) else Path(output)
     if isinstance(out, str) and format == "batch":

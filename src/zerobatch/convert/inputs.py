@@ -22,6 +22,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -293,6 +294,9 @@ def _parse_line(path: str, where: str, line: bytes) -> Record:
                       f"byte {error.start})", len(line))
     except ValueError as error:
         return Record(path, where, None, f"malformed JSON ({error})", len(line))
+    except RecursionError:
+        return Record(path, where, None, "JSON nested too deeply for Python's parser",
+                      len(line))
     if not isinstance(value, dict):
         return Record(path, where, None, f"expected a JSON object, found "
                       f"{type(value).__name__}", len(line))
@@ -318,31 +322,80 @@ def _jsonl_range(task: Task, options: Mapping[str, Any]) -> Iterator[Record]:
             yield Record(path, "", record.fields, record.problem, len(line), start)
 
 
-def _open_compressed(task: Task, options: Mapping[str, Any]) -> IO[bytes]:
-    raw = open_input(task.paths[0], options)
-    if task.kind == "jsonl.gz":
-        return io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"))
+def _zstd_chunks(raw: IO[bytes]) -> Iterator[bytes]:
+    """The decompressed bytes of a zstd file, frame after frame; ``ValueError``
+    when it is not zstd, or ends inside a frame (truncated) or holds no frame."""
     import zstandard
 
-    return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True))
+    decompressor = zstandard.ZstdDecompressor()
+    frame = decompressor.decompressobj()
+    seen = ended = False
+    while chunk := raw.read(_READ_CHUNK):
+        while chunk:
+            seen = True
+            try:
+                out = frame.decompress(chunk)
+            except zstandard.ZstdError as error:
+                raise ValueError(f"not zstd, or corrupt ({error})") from None
+            if out:
+                yield out
+            ended = frame.eof
+            chunk = frame.unused_data if ended else b""
+            if ended:  # another frame may follow (concatenated or multi-threaded output)
+                frame = decompressor.decompressobj()
+    if not seen:
+        raise ValueError("empty: not a zstd stream")
+    if not ended:
+        raise ValueError("the last zstd frame is cut short: truncated or not fully written")
+
+
+def _gzip_chunks(raw: IO[bytes]) -> Iterator[bytes]:
+    """The decompressed bytes of a gzip file; ``ValueError`` as for zstd."""
+    stream = gzip.GzipFile(fileobj=raw, mode="rb")
+    seen = bool(raw.read(1))
+    if not seen:
+        raise ValueError("empty: not a gzip stream")
+    raw.seek(0)
+    try:
+        while out := stream.read(_READ_CHUNK):
+            yield out
+    except (OSError, EOFError, zlib.error) as error:
+        raise ValueError(f"not gzip, truncated or corrupt ({error})") from None
+
+
+def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Lines (each with its newline; the last one may have none) of a byte stream."""
+    parts: list[bytes] = []
+    for chunk in chunks:
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            parts.append(chunk[start : end + 1])
+            yield b"".join(parts)
+            parts = []
+            start = end + 1
+        if start < len(chunk):
+            parts.append(chunk[start:])
+    if parts:
+        yield b"".join(parts)
 
 
 def _jsonl_compressed(task: Task, options: Mapping[str, Any]) -> Iterator[Record]:
+    """The records of a ``.jsonl.gz`` or ``.jsonl.zst`` file. A file that does
+    not decompress to its end yields one bad record after its last whole line
+    (a convert fails there, naming the file and line, or counts it with
+    ``skip_bad``)."""
     path = task.paths[0]
-    with _open_compressed(task, options) as file:
+    with open_input(path, options) as raw:
         number = 0
+        chunks = _gzip_chunks(raw) if task.kind == "jsonl.gz" else _zstd_chunks(raw)
         try:
-            for line in file:
+            for line in _lines(chunks):
                 number += 1
                 if line.strip():
-                    record = _parse_line(path, f"line {number}", line)
-                    yield record
-        except (OSError, EOFError, ValueError) as error:
-            if isinstance(error, FormatError):
-                raise
-            raise FormatError(f"cannot decompress after line {number} ({error})",
-                              path=path) from None
-
+                    yield _parse_line(path, f"line {number}", line)
+        except ValueError as error:
+            yield Record(path, f"line {number + 1}", None,
+                         f"cannot decompress the file from here on: {error}")
 
 def _arrow_rows(path: str, where: str, batches: Iterator[Any]) -> Iterator[Record]:
     row = 0

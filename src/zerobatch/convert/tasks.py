@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import numpy as np
 import numpy.typing as npt
 
@@ -123,7 +124,20 @@ def _document(record: Record, job: Job) -> _Doc:
     spans = None
     if job.spans_field is not None:
         spans = _check_spans(fields.get(job.spans_field), len(text))
+    if metadata or spans:
+        _check_storable(metadata, spans)
     return _Doc(text, metadata, spans)
+
+
+def _check_storable(metadata: dict[str, Any] | None,
+                    spans: list[tuple[int, int, Any]] | None) -> None:
+    """ValueError unless msgpack (the dataset's serializer) can store the
+    metadata and span values: integers must fit 64 bits, strings UTF-8."""
+    try:
+        msgpack.packb([metadata, [value for _, _, value in spans or ()]], use_bin_type=True)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise ValueError(f"metadata cannot be stored ({type(error).__name__}: {error}): "
+                         "integers must fit in 64 bits") from None
 
 
 def _batches(records: Iterator[Record], job: Job, stats: TaskStats) -> Iterator[list[_Doc]]:
