@@ -8,14 +8,32 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, Protocol, overload
+
+import numpy as np
+import numpy.typing as npt
 
 from zerobatch.columnar.schema import FieldSchema
 
-if TYPE_CHECKING:
-    from zerobatch.columnar.meta import BatchMeta
-
 __all__ = ["SampleField", "SampleView", "Samples"]
+
+
+class _Rows(Protocol):
+    """What the views read of a ``BatchMeta`` (which imports this module)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def global_indexes(self) -> Sequence[int]: ...
+    @property
+    def partition_ids(self) -> Sequence[str]: ...
+    @property
+    def production_status(self) -> npt.NDArray[np.int8]: ...
+    @property
+    def field_schema(self) -> Mapping[str, FieldSchema]: ...
+    @property
+    def custom_meta(self) -> Mapping[int, Mapping[str, Any]]: ...
+    def select(self, indices: Any) -> _Rows: ...
+    def __getitem__(self, key: int) -> SampleView: ...
 
 
 class SampleField:
@@ -40,7 +58,7 @@ class SampleView:
 
     __slots__ = ("_meta", "_row")
 
-    def __init__(self, meta: BatchMeta, row: int) -> None:
+    def __init__(self, meta: _Rows, row: int) -> None:
         self._meta = meta
         self._row = row
 
@@ -84,7 +102,7 @@ class Samples(Sequence[SampleView]):
 
     __slots__ = ("_meta",)
 
-    def __init__(self, meta: BatchMeta) -> None:
+    def __init__(self, meta: _Rows) -> None:
         self._meta = meta
 
     def __len__(self) -> int:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from zerobatch.storage.local import LocalStorage
 from zerobatch.storage.object import ObjectStorage
+from zerobatch.storage.opener import open_storage
 from zerobatch.storage.protocol import Storage
-from zerobatch.storage.url import OBJECT_SCHEMES, is_url, join, local_path, open_storage
+from zerobatch.storage.url import OBJECT_SCHEMES, is_url, join, local_path
 
 __all__ = [
     "OBJECT_SCHEMES",

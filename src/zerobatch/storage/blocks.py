@@ -29,16 +29,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import xxhash
 
-if TYPE_CHECKING:
-    from zerobatch.storage.object import ObjectStorage
+from zerobatch.storage.protocol import Storage
 
-__all__ = ["BLOCK_SIZE", "CACHE_BYTES", "CACHE_DIR_BYTES", "BlockCache"]
+__all__ = ["BLOCK_SIZE", "CACHE_BYTES", "CACHE_DIR_BYTES", "BlockCache", "BlockSource"]
 
 BLOCK_SIZE = 16 << 10
 """Default block size in bytes: 2,048 offsets of an index file."""
@@ -48,6 +47,21 @@ CACHE_BYTES = 64 << 20
 
 CACHE_DIR_BYTES = 4 << 30
 """Default budget in bytes of a ``cache_dir``."""
+
+
+class BlockSource(Storage, Protocol):
+    """What ``BlockCache`` reads through: a ``Storage`` whose objects have URLs
+    and content versions (``ObjectStorage``)."""
+
+    def url_of(self, name: str) -> str:
+        """The URL of ``name`` (for messages)."""
+        ...
+
+    def version(self, name: str) -> str:
+        """What identifies the content of ``name`` (URL, size, entity tag): the
+        key of its blocks in a ``cache_dir``."""
+        ...
+
 
 _CHECKSUM = 8  # bytes of XXH3-64 after each block on disk
 _SUFFIX = ".block"
@@ -64,7 +78,7 @@ class BlockCache:
     """
 
     def __init__(
-        self, storage: ObjectStorage, *, block_size: int = BLOCK_SIZE,
+        self, storage: BlockSource, *, block_size: int = BLOCK_SIZE,
         cache_bytes: int = CACHE_BYTES, cache_dir: str | os.PathLike[str] | None = None,
         cache_dir_bytes: int = CACHE_DIR_BYTES,
     ) -> None:

@@ -1,4 +1,5 @@
-"""Dataset locations as URLs: ``open_storage`` and the helpers that split them.
+"""Dataset locations as URLs: the helpers that tell and split them (``open_storage``,
+in ``zerobatch.storage.opener``, turns one into a ``Storage``).
 
 A location is a local path, a ``file://`` URL, or an object-store URL
 (``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``).
@@ -11,9 +12,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from zerobatch.storage.local import LocalStorage
-
-__all__ = ["OBJECT_SCHEMES", "is_url", "join", "local_path", "open_storage"]
+__all__ = ["OBJECT_SCHEMES", "is_url", "join", "local_path"]
 
 OBJECT_SCHEMES = ("s3", "gs", "az")
 """URL schemes served by ``ObjectStorage`` (S3 and S3-compatible, GCS, Azure Blob)."""
@@ -59,28 +58,11 @@ def join(location: str | os.PathLike[str], name: str) -> str | Path:
     return local_path(location) / name
 
 
-def open_storage(location: str | os.PathLike[str], **storage_options: Any) -> Any:
-    """The ``Storage`` for the folder or prefix at ``location``.
+def __getattr__(name: str) -> Any:
+    # the old path zerobatch.storage.url.open_storage: the function lives in opener.py,
+    # which imports this module (an import here, at module level, would be a cycle)
+    if name == "open_storage":
+        from zerobatch.storage.opener import open_storage
 
-    Local paths and ``file://`` URLs give ``LocalStorage``; its one option is
-    ``method``: ``"auto"`` (default: memory maps on local file systems,
-    ``pread`` on network and FUSE ones and wherever the type cannot be told),
-    ``"mmap"`` or ``"pread"`` (use ``"pread"`` where files may be truncated in
-    place while a job reads them: a mapping then dies of SIGBUS, see
-    ``zerobatch.storage.local``). ``s3://``, ``gs://`` and
-    ``az://`` give ``ObjectStorage`` (needs the ``cloud`` extra): credentials and
-    endpoints come from the cloud's environment variables (``AWS_ACCESS_KEY_ID``,
-    ``AWS_ENDPOINT_URL``, ``AWS_ALLOW_HTTP``, ``GOOGLE_SERVICE_ACCOUNT``,
-    ``AZURE_STORAGE_ACCOUNT_NAME``, ...) or from ``storage_options``, obstore's
-    own keyword arguments (``config``, config keys, ``client_options``,
-    ``retry_config``, ``credential_provider``), passed through unchanged.
-    """
-    if is_url(location):
-        from zerobatch.storage.object import ObjectStorage  # object imports this module
-
-        return ObjectStorage(str(location), **storage_options)
-    unknown = sorted(set(storage_options) - {"method"})
-    if unknown:
-        raise ValueError(f"{location!r} is a local path; storage_options {unknown} apply only "
-                         "to object-store URLs (LocalStorage takes method='auto'|'pread'|'mmap')")
-    return LocalStorage(local_path(location), **storage_options)
+        return open_storage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
