@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +20,12 @@ from kill_writer import arm, write
 
 from zerobatch import FormatError
 from zerobatch.batch_loader import BatchFileReader
-from zerobatch.batch_writer import write_batch_dataset
-from zerobatch.storage.publish import publisher
+from zerobatch.batch_writer import write_batch_dataset, write_batch_file
+from zerobatch.storage import publish
+from zerobatch.storage.publish import publisher, remove_dead_temporaries
 from zerobatch.stream import StreamWriter, combine, open_dataset, verify
 from zerobatch.stream.manifest import MANIFEST
+from zerobatch.tensors import load_file, save_file
 
 
 def _tokens(location, **options) -> np.ndarray:
@@ -186,3 +189,82 @@ def test_batch_folder_rewrite_killed_at_every_step(tmp_path):
 
 def _shard_names(folder: Path) -> list[str]:
     return [s["name"] for s in json.loads((folder / "manifest.json").read_text())["shards"]]
+
+
+def _killed_at_first_fsync(write_it) -> None:
+    """Run ``write_it()`` in a forked child SIGKILLed at its first fsync: its
+    temporary file is complete then, and never renamed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        pid = os.fork()
+    if pid == 0:
+        try:
+            arm(1)
+            write_it()
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def _temporaries(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_killed_writers_temporaries_are_removed_by_the_next_write_not_a_live_ones(tmp_path):
+    weights = {"w": np.arange(300_000, dtype=np.float32)}  # 1.2 MB: blocks reserved up front
+    tokens = np.arange(64 * 16, dtype=np.int64).reshape(64, 16)
+    _killed_at_first_fsync(lambda: save_file(weights, tmp_path / "model.safetensors",
+                                             format="safetensors"))
+    (dead_save,) = _temporaries(tmp_path)
+    assert dead_save.name.startswith(".model.safetensors.")
+    assert dead_save.stat().st_size > 1_200_000  # full size, as the finding says
+    assert not (tmp_path / "model.safetensors").exists()
+
+    live = publisher(tmp_path).file("other.bin")  # a live writer, holding its flock
+    live.write(b"still being written")
+    # unlocked, named after this live process, changed after it started: a writer
+    # between creating its file and locking it
+    creating = tmp_path / f".x.bin.{os.getpid()}.0123abcd.tmp"
+    creating.write_bytes(b"x")
+    not_ours = tmp_path / ".z.bin.1.tmp"  # another helper's naming: never touched
+    not_ours.write_bytes(b"z")
+    kept = sorted([live.tmp, creating, not_ours])
+
+    # a write_batch_file killed the same way, in the same folder, removes the first
+    # dead writer's file as it starts, and leaves its own
+    _killed_at_first_fsync(lambda: write_batch_file(tmp_path / "train.batch", tokens, 4, 16))
+    (dead_batch,) = set(_temporaries(tmp_path)) - set(kept)
+    assert dead_batch.name.startswith(".train.batch.") and not dead_save.exists()
+    assert not (tmp_path / "train.batch").exists()
+
+    save_file(weights, tmp_path / "model.safetensors", format="safetensors")  # the later write
+    assert _temporaries(tmp_path) == kept
+    np.testing.assert_array_equal(load_file(tmp_path / "model.safetensors")["w"], weights["w"])
+    live.commit()
+    assert (tmp_path / "other.bin").read_bytes() == b"still being written"
+    assert remove_dead_temporaries(tmp_path) == []
+
+
+def test_a_killed_batch_writers_temporary_goes_at_its_rerun(tmp_path):
+    tokens = np.arange(64 * 16, dtype=np.int64).reshape(64, 16)
+    _killed_at_first_fsync(lambda: write_batch_file(tmp_path / "train.batch", tokens, 4, 16))
+    assert len(_temporaries(tmp_path)) == 1
+    assert write_batch_file(tmp_path / "train.batch", tokens, 4, 16) == 16
+    assert _temporaries(tmp_path) == []
+
+
+def test_a_reused_pid_does_not_keep_a_dead_writers_file():
+    """The PID in a temporary file's name keeps it only while that process may
+    be its writer: alive, and started before the file last changed."""
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        started = publish._started_at(child.pid)
+        assert started is not None and before - 0.1 <= started <= time.time() + 0.1
+        assert publish._writer_may_live(child.pid, changed=time.time())
+        assert not publish._writer_may_live(child.pid, changed=before - 3600)  # a reuser
+    finally:
+        child.communicate(b"")
+    assert not publish._writer_may_live(child.pid, changed=time.time())  # dead

@@ -80,19 +80,31 @@ def test_get_slice_refuses_and_returns_what_safetensors_does(
             if not _refused(error):
                 raise
             expected = None
-    for framework in ("np", "pt"):
-        with zt.safe_open(path, framework) as ours:
-            part = ours.get_slice("x")
-            if expected is None:
-                with pytest.raises(zt.SliceError) as error:
-                    part[index]
-                assert isinstance(error.value, zt.SafetensorError)
-                assert str(path) in str(error.value)
-                continue
+    with zt.safe_open(path, "np") as ours:
+        part = ours.get_slice("x")
+        if expected is None:
+            with pytest.raises(zt.SliceError) as error:
+                part[index]
+            assert isinstance(error.value, zt.SafetensorError)
+            assert str(path) in str(error.value)
+        else:
             got = part[index]
-            got = got.numpy() if framework == "pt" else got
             assert got.shape == expected.shape
             np.testing.assert_array_equal(got, expected)
+    # "pt" indexes as torch does, in safetensors as here: the same tensor or the same error
+    outcomes = []
+    for module in (safetensors, zt):
+        with module.safe_open(str(path), "pt") as file:
+            try:
+                outcomes.append(file.get_slice("x")[index])
+            except (IndexError, ValueError, TypeError) as error:
+                outcomes.append(type(error))
+    if isinstance(outcomes[0], type):
+        assert outcomes[1] is outcomes[0]
+    else:
+        assert outcomes[1].shape == outcomes[0].shape
+        assert outcomes[1].stride() == outcomes[0].stride()
+        assert torch.equal(outcomes[1], outcomes[0])
 
 
 def test_get_slice_honours_steps_and_survives_close(tmp_path: Path) -> None:
@@ -103,6 +115,9 @@ def test_get_slice_honours_steps_and_survives_close(tmp_path: Path) -> None:
         assert (part.get_shape(), part.get_dtype()) == ([3, 4, 5], "F32")
     np.testing.assert_array_equal(part[::2, 1, 1::3].numpy(), array[::2, 1, 1::3])
     np.testing.assert_array_equal(part[-1].numpy(), array[-1])
+    np.testing.assert_array_equal(part[-2:, [0, 2]].numpy(), array[-2:, [0, 2]])  # torch's rules
+    with zt.safe_open(tmp_path / "f", "np") as file:
+        part = file.get_slice("a")
     with pytest.raises(zt.SliceError, match="negative bound"):
         part[-2:]
     with pytest.raises(IndexError, match="only ints, slices"):
@@ -520,3 +535,62 @@ def test_pread_reports_a_file_truncated_after_opening(tmp_path: Path) -> None:
         os.truncate(tmp_path / "f", 100)
         with pytest.raises(zt.SafetensorError, match="truncated after it was opened"):
             file.get_tensor("a")
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = self.a
+
+
+class _Copied(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+
+def test_whole_slice_and_shared_groups_come_back_as_in_safetensors(tmp_path: Path) -> None:
+    # get_slice(name)[()] is the whole tensor, for every shape, framework and backend
+    tensors = {"m": torch.arange(12.0).reshape(3, 4), "s": torch.tensor(7.0),
+               "e": torch.zeros(2, 0, 3), "z": torch.zeros(0, dtype=torch.int64)}
+    path = tmp_path / "f.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    for framework, backend in [("pt", "mmap"), ("pt", "pread"), ("np", "mmap"), ("np", "pread")]:
+        with safetensors.safe_open(str(path), framework, backend=backend) as theirs, \
+                zt.safe_open(path, framework, backend=backend) as ours:
+            for name in tensors:
+                want, got = theirs.get_slice(name)[()], ours.get_slice(name)[()]
+                assert type(got) is type(want) and got.shape == want.shape
+                assert got.tobytes() == want.tobytes() if framework == "np" else torch.equal(
+                    got, want)
+    # the shared-tensor groups, in safetensors' order (upstream's model tests compare lists)
+    base = torch.zeros(8)
+    cases = [_Tied().state_dict(), _Copied().state_dict(),
+             {"z": base[:4], "y": base[4:], "x": base[2:6], "w": torch.ones(3)},
+             {"b": torch.ones(2), "a": base, "c": base[:1]}]
+    for state_dict in cases:
+        want_groups = safetensors.torch._find_shared_tensors(state_dict)
+        assert ztorch._find_shared_tensors(state_dict) == want_groups
+        if all(any(ztorch._is_complete(state_dict[n]) for n in g) for g in want_groups):
+            assert ztorch._remove_duplicate_names(state_dict) == \
+                safetensors.torch._remove_duplicate_names(state_dict)
+
+
+def test_empty_tensors_load_with_the_strides_safetensors_gives(tmp_path: Path) -> None:
+    tensors = {"a": torch.zeros(0, 4), "b": torch.zeros(3, 0, 2, dtype=torch.bfloat16),
+               "c": torch.zeros(0, dtype=torch.int64), "d": torch.ones(2, 2)}
+    path = tmp_path / "f.safetensors"
+    safetensors.torch.save_file(tensors, str(path))
+    want = safetensors.torch.load_file(str(path))
+    loads = [ztorch.load_file(path), ztorch.load_file(path, backend="pread"),
+             ztorch.load(path.read_bytes()), zt.load_file(path, "pt")]
+    with zt.safe_open(path, "pt") as file:
+        loads.append({name: file.get_tensor(name) for name in tensors})
+        loads.append({name: file.get_slice(name)[:] for name in tensors})
+    for got in loads:
+        for name, tensor in want.items():
+            assert got[name].shape == tensor.shape and got[name].dtype == tensor.dtype
+            assert got[name].stride() == tensor.stride()
+            assert got[name].view(torch.uint8).shape == tensor.view(torch.uint8).shape

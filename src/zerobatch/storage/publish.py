@@ -6,7 +6,19 @@ never a mix:
 
 - local (``LocalPublisher``): each file is written under a temporary name
   beside its target (``.NAME.PID.RANDOM.tmp``), flushed, fsynced and renamed over the
-  target; the folder is fsynced after the rename.
+  target; the folder is fsynced after the rename. The writer holds an exclusive
+  ``flock`` on its temporary file from creation to rename or removal.
+- leftovers: a writer killed mid-write (SIGKILL, OOM, preemption) leaves its
+  full-size temporary file behind. The next ``LocalPublisher`` opened on the same
+  folder removes every temporary file whose writer is dead
+  (:func:`remove_dead_temporaries`): nobody holds its ``flock`` (the kernel drops
+  the lock when its holder dies, whichever host it ran on, where the file system
+  supports ``flock``) and the PID in its name is not a live process of this host
+  that started before the file last changed (``st_ctime``: written, created or
+  linked). A live writer's file is never removed: it holds the lock, and in the
+  instant between creating the file and locking it, its PID is alive. A reused
+  PID (a new process started after the file last changed) does not keep a dead
+  writer's file.
 - object store (``ObjectPublisher``): each file is staged on local disk,
   uploaded as it closes (concurrently with the writing of the next, by
   multipart upload when larger than 5 MiB), and an object appears only when
@@ -20,10 +32,14 @@ A manifest names only files that were completely published before it.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import fcntl
 import os
+import re
 import secrets
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,11 +58,19 @@ __all__ = [
     "StagedFile",
     "fsync_folder",
     "publisher",
+    "remove_dead_temporaries",
     "temp_path",
 ]
 
 TMP_SUFFIX = ".tmp"
 """Temporary files of a local publish are named ``.NAME.PID.RANDOM.tmp``."""
+
+_TEMPORARY = re.compile(r"^\..+\.(?P<pid>\d+)\.[0-9a-f]{8}\.tmp$")
+"""``.NAME.PID.RANDOM.tmp``: RANDOM is 4 random bytes in hex."""
+
+_CLOCK_SLACK = 0.1
+"""Seconds of doubt when comparing a process start time (counted in clock
+ticks of 10 ms since boot) with a file's change time."""
 
 
 def temp_path(path: Path) -> Path:
@@ -101,6 +125,11 @@ class AtomicFile(_HashedFile):
         self.path = path
         self.tmp = temp_path(path)
         super().__init__(self.tmp)
+        # held until the file is closed (by commit or abort) or this process dies:
+        # it tells remove_dead_temporaries that the writer is alive. Where the file
+        # system has no flock, nobody can take it and the file is never removed.
+        with contextlib.suppress(OSError):
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
 
     def fileno(self) -> int:
         """The temporary file's descriptor, for positioned writes."""
@@ -119,6 +148,73 @@ class AtomicFile(_HashedFile):
         os.replace(self.tmp, self.path)
         fsync_folder(self.path.parent)
         return result
+
+
+def _started_at(pid: int) -> float | None:
+    """When process ``pid`` started, in seconds since the epoch (Linux: its
+    start in clock ticks since boot, ``/proc/PID/stat`` field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            stat = file.read()
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, AttributeError):
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after its end
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return time.time() - since_boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def _writer_may_live(pid: int, changed: float) -> bool:
+    """Whether process ``pid`` may be the writer of a file whose inode last
+    changed at ``changed`` (``st_ctime``: written, created or linked; seconds
+    since the epoch): it is alive and did not start after that change (a
+    process that started later only reuses a dead writer's PID)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    except (OverflowError, OSError):
+        return False  # no such process can exist
+    started = _started_at(pid)
+    return started is None or started <= changed + _CLOCK_SLACK
+
+
+def remove_dead_temporaries(folder: str | os.PathLike[str]) -> list[str]:
+    """Remove the temporary files (``.NAME.PID.RANDOM.tmp``) in ``folder`` that
+    writers killed mid-write left behind; returns the names removed.
+
+    A file is removed only when its ``flock`` is free (its writer closed it or
+    died) and the PID in its name is not a live process that started before
+    the file last changed (``st_ctime``: a write, its creation, a hard link to
+    it; see the module docstring). Files that cannot be
+    opened, locked or removed (another user's, say) are left alone.
+    """
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _TEMPORARY.match(entry.name)
+        if match is None or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            descriptor = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            changed = os.fstat(descriptor).st_ctime
+            if not _writer_may_live(int(match["pid"]), changed):
+                os.unlink(entry.path)
+                removed.append(entry.name)
+        except OSError:
+            continue  # locked by a live writer, or not ours to remove
+        finally:
+            os.close(descriptor)
+    return removed
 
 
 class Publisher(Protocol):
@@ -161,17 +257,18 @@ LOCK = ".zerobatch-writer.lock"
 
 
 class LocalPublisher:
-    """Publishes into a local folder (created if missing) by rename."""
+    """Publishes into a local folder (created if missing) by rename. Opening
+    one removes the temporary files dead writers left in the folder
+    (:func:`remove_dead_temporaries`)."""
 
     def __init__(self, folder: str | os.PathLike[str]) -> None:
         self.location: str | Path = Path(folder)
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._lock: int | None = None
+        remove_dead_temporaries(self.folder)
 
     def claim(self) -> None:
-        import fcntl
-
         descriptor = os.open(self.folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -12,7 +12,6 @@ from zerobatch.tensors import _to_jax, _to_numpy, _to_torch
 from zerobatch.tensors._errors import SafetensorError, TensorNotFound
 from zerobatch.tensors._format import read_header_at
 from zerobatch.tensors._header import Header
-from zerobatch.tensors._slicing import basic_index
 from zerobatch.tensors._source import Source, open_source
 
 __all__ = ["TensorSlice", "adapter", "safe_open"]
@@ -41,16 +40,18 @@ def adapter(framework: str) -> ModuleType:
 
 class TensorSlice:
     """One tensor, not yet sliced: index it to get just that part in the
-    file's framework. Accepts what safetensors accepts (ints, slices with
-    positive steps, one ``...``; see ``_slicing``) and refuses the rest with
-    :class:`SliceError`. Stays usable after the file is closed."""
+    file's framework. Accepts what safetensors 0.8.0 accepts: for ``"pt"``,
+    torch's indexing; for NumPy and JAX, ints, slices with positive steps and
+    one ``...`` (see ``_slicing``), refusing the rest with :class:`SliceError`.
+    Stays usable after the file is closed."""
 
     def __init__(self, array: np.ndarray[Any, Any], shape: tuple[int, ...], dtype: str,
-                 convert: Any, device: str | int, *, path: object, name: str) -> None:
+                 framework: ModuleType, device: str | int, *, path: object, name: str
+                 ) -> None:
         self._array = array
         self._shape = shape
         self._dtype = dtype
-        self._convert = convert
+        self._framework = framework
         self._device = device
         self._path = path
         self._name = name
@@ -64,13 +65,12 @@ class TensorSlice:
         return self._dtype
 
     def __getitem__(self, index: Any) -> Any:
-        spelled = basic_index(index, self._shape, path=self._path, name=self._name)
         if self._array.shape != self._shape:
             raise SafetensorError(f"tensor {self._name!r}: dtype {self._dtype} packs several "
                                   "elements per byte and cannot be sliced; read it whole with "
                                   "get_tensor", path=self._path, field=self._name)
-        # the trailing ... keeps all-int indexes a 0-d view, not a NumPy scalar
-        return self._convert(self._array[(*spelled, Ellipsis)], self._device)
+        return self._framework.take(self._array, index, self._device, path=self._path,
+                                    name=self._name)
 
 
 class safe_open:
@@ -175,5 +175,5 @@ class safe_open:
         """A handle on ``name`` to read part of it by indexing."""
         row = self._row(name)
         info = self._header.info(row)
-        return TensorSlice(self._array(row), info.shape, info.dtype, self._adapter.convert,
+        return TensorSlice(self._array(row), info.shape, info.dtype, self._adapter,
                            self._device, path=self._path, name=name)

@@ -71,7 +71,8 @@ def _filter_shared_not_shared(tensors: list[set[str]], state_dict: dict[str, Any
 
 def _find_shared_tensors(state_dict: dict[str, Any]) -> list[set[str]]:
     """Groups of names whose tensors overlap in memory (singletons included;
-    meta tensors and empty storages are left out)."""
+    meta tensors and empty storages are left out), in safetensors' order: by
+    storage, in the order each storage is first met in ``state_dict``."""
     by_storage: dict[tuple[Any, int, int], set[str]] = defaultdict(set)
     for name, tensor in state_dict.items():
         if tensor.device.type == "meta":
@@ -79,7 +80,9 @@ def _find_shared_tensors(state_dict: dict[str, Any]) -> list[set[str]]:
         pointer, size = storage_ptr(tensor), storage_size(tensor)
         if pointer and size:
             by_storage[(tensor.device, pointer, size)].add(name)
-    groups = sorted(by_storage.values(), key=sorted)
+    # safetensors sorts the sets themselves: set < set is "proper subset", never
+    # true between disjoint groups, so the stable sort keeps first-seen order
+    groups = sorted(by_storage.values())
     return _filter_shared_not_shared(groups, state_dict)
 
 

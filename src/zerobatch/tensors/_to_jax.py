@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ACCESS", "PACKED", "check_device", "convert"]
+from zerobatch.tensors._slicing import basic_index
+
+__all__ = ["ACCESS", "PACKED", "check_device", "convert", "take"]
 
 ACCESS = mmap.ACCESS_READ
 """How a file is mapped for this framework: shared and read-only."""
@@ -32,3 +34,12 @@ def convert(array: np.ndarray[Any, Any], device: str | int) -> Any:
     platform, _, number = str(device).partition(":")
     target = jax.devices(platform)[int(number or 0)]
     return jax.device_put(array, target)
+
+
+def take(array: np.ndarray[Any, Any], index: Any, device: str | int, *, path: object,
+         name: str) -> Any:
+    """``array[index]`` for the indexes safetensors 0.8.0 accepts for this
+    framework (``_slicing``), placed as :func:`convert` places it."""
+    spelled = basic_index(index, array.shape, path=path, name=name)
+    # the trailing ... keeps all-int indexes a 0-d view, not a NumPy scalar
+    return convert(array[(*spelled, Ellipsis)], device)

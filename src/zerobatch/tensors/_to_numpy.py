@@ -15,8 +15,9 @@ from zerobatch.errors import FormatError
 from zerobatch.tensors._dtypes import DTYPES, numpy_dtype
 from zerobatch.tensors._errors import SafetensorError
 from zerobatch.tensors._header import Header
+from zerobatch.tensors._slicing import basic_index
 
-__all__ = ["ACCESS", "F4_PAIRS", "PACKED", "check_device", "convert", "view"]
+__all__ = ["ACCESS", "F4_PAIRS", "PACKED", "check_device", "convert", "take", "view"]
 
 ACCESS = mmap.ACCESS_READ
 """How a file is mapped for this framework: shared and read-only."""
@@ -64,3 +65,12 @@ def check_device(device: str | int) -> str | int:
 def convert(array: np.ndarray[Any, Any], device: str | int) -> np.ndarray[Any, Any]:
     """``array`` itself: NumPy lives on the CPU only."""
     return array
+
+
+def take(array: np.ndarray[Any, Any], index: Any, device: str | int, *, path: object,
+         name: str) -> Any:
+    """``array[index]`` for the indexes safetensors 0.8.0 accepts for this
+    framework (``_slicing``), placed as :func:`convert` places it."""
+    spelled = basic_index(index, array.shape, path=path, name=name)
+    # the trailing ... keeps all-int indexes a 0-d view, not a NumPy scalar
+    return convert(array[(*spelled, Ellipsis)], device)

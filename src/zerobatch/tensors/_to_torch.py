@@ -17,7 +17,7 @@ from zerobatch.tensors._dtypes import DTYPES, code_of_numpy
 from zerobatch.tensors._errors import SafetensorError
 from zerobatch.tensors._to_numpy import F4_PAIRS
 
-__all__ = ["ACCESS", "PACKED", "check_device", "convert"]
+__all__ = ["ACCESS", "PACKED", "check_device", "convert", "take"]
 
 ACCESS = mmap.ACCESS_COPY
 """How a file is mapped for this framework: private, copy-on-write."""
@@ -58,9 +58,25 @@ def convert(array: np.ndarray[Any, Any], device: str | int) -> Any:
     import torch
 
     raw = array.view(_SAME_SIZE_INT[array.dtype.itemsize])
-    if not raw.flags.aligned or any(stride < 0 for stride in raw.strides):
-        raw = raw.copy()  # copy: torch needs aligned data and non-negative strides
-    tensor = torch.from_numpy(raw).view(_torch_dtype(array.dtype))
+    if raw.size == 0:
+        # NumPy gives empty arrays all-zero strides, and torch's .view(dtype) refuses
+        # those: an empty tensor has no bytes to share, so it gets torch's own strides
+        tensor = torch.empty(raw.shape, dtype=_torch_dtype(raw.dtype))
+    else:
+        if not raw.flags.aligned or any(stride < 0 for stride in raw.strides):
+            raw = raw.copy()  # copy: torch needs aligned data and non-negative strides
+        tensor = torch.from_numpy(raw)
+    tensor = tensor.view(_torch_dtype(array.dtype))
     if device != "cpu" and torch.device(device).type != "cpu":
         tensor = tensor.to(device)
     return tensor
+
+
+def take(array: np.ndarray[Any, Any], index: Any, device: str | int, *, path: object,
+         name: str) -> Any:
+    """``tensor[index]`` with torch's indexing rules, as safetensors 0.8.0 slices
+    for ``"pt"`` (negative and clipped bounds, ``None``, lists and index tensors
+    included; torch's own IndexError or ValueError otherwise), then moved to
+    ``device``: only the part taken leaves the CPU."""
+    part = convert(array, "cpu")[index]
+    return part.to(device) if device != "cpu" else part
