@@ -122,3 +122,36 @@ def test_help_has_an_example_per_command(capsys: pytest.CaptureFixture[str]) -> 
             main([command, "--help"])
         assert exit_.value.code == 0
         assert f"example:\n  zerobatch {command} " in capsys.readouterr().out
+
+
+def test_distributions_memory_is_bounded_by_the_sample(tmp_path: Path) -> None:
+    """Valid files with ids near 2**32: counting once asked for a bincount over
+    the id range (16-30 GiB); now memory follows the tokens sampled."""
+    import tracemalloc
+
+    import numpy as np
+
+    from zerobatch.llmbatch import write_batch_file
+    from zerobatch.stream import StreamWriter
+    from zerobatch.tools import distributions
+
+    ids = np.array([2**32 - 1, 2**32 - 1, 5, 2**31, 7, 5], dtype=np.int64)
+    with StreamWriter(tmp_path / "ds", token_dtype="<u4") as writer:
+        writer.add_document(ids[:4])
+        writer.add_document(ids[4:])
+    write_batch_file(tmp_path / "b.batch", np.tile(ids, 4).reshape(4, 6).astype(np.uint32),
+                     2, 6, 0)
+    for path, scale, lengths in ((tmp_path / "ds", 1, [4, 2]), (tmp_path / "b.batch", 4, None)):
+        tracemalloc.start()
+        try:
+            dist = distributions(path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, peak
+        assert dist.ids.tolist() == [5, 7, 2**31, 2**32 - 1]
+        assert dist.counts.tolist() == [2 * scale, scale, scale, 2 * scale]
+        assert dist.sampled == 6 * scale
+        assert (None if dist.lengths is None else dist.lengths.tolist()) == lengths
+    assert main(["inspect", str(tmp_path / "ds"), "--plot", str(tmp_path / "d.png")]) == 0
+    assert (tmp_path / "d.png").read_bytes().startswith(PNG_MAGIC)

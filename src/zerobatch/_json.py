@@ -10,13 +10,14 @@ budget is refused with ``FormatError`` before any parsing.
 from __future__ import annotations
 
 import json
-from typing import Any
+import os
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from zerobatch.errors import FormatError
 
-__all__ = ["MAX_DEPTH", "json_depth", "load_json"]
+__all__ = ["MAX_DEPTH", "json_depth", "load_json", "read_capped"]
 
 MAX_DEPTH = 64
 """Nesting levels (objects and arrays) a manifest may use."""
@@ -26,6 +27,17 @@ _QUOTE, _BACKSLASH = ord('"'), ord("\\")
 _OPEN = np.zeros(256, np.int8)
 _OPEN[[ord("["), ord("{")]] = 1
 _OPEN[[ord("]"), ord("}")]] = -1
+
+
+def read_capped(file: BinaryIO, max_bytes: int) -> bytes:
+    """The bytes of ``file`` from its position, at most ``max_bytes + 1`` of them
+    (one more than a limit, so a caller can tell a file over it). Asks for no
+    more than the file holds: ``read(n)`` allocates ``n`` bytes first."""
+    try:
+        left = os.fstat(file.fileno()).st_size - file.tell()
+    except (OSError, ValueError, AttributeError):  # not a plain file: read in steps
+        left = max_bytes
+    return file.read(max(0, min(left, max_bytes)) + 1)
 
 
 def json_depth(data: bytes | bytearray | memoryview) -> int:

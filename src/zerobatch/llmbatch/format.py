@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from zerobatch._json import load_json
+from zerobatch._json import load_json, read_capped
 from zerobatch.errors import FormatError
 
 __all__ = [
@@ -232,7 +232,7 @@ def read_manifest_format(path: Path) -> str | None:
     unreadable or not a JSON object."""
     try:
         with open(path, "rb") as file:
-            raw = file.read(MAX_MANIFEST_BYTES + 1)
+            raw = read_capped(file, MAX_MANIFEST_BYTES)
         data = load_json(raw, path=path, field="manifest", max_bytes=MAX_MANIFEST_BYTES)
     except (OSError, FormatError):
         return None
@@ -277,7 +277,7 @@ def load_manifest(folder: Path) -> tuple[dict[str, Any], list[Path]]:
     path = folder / MANIFEST_NAME
     try:
         with open(path, "rb") as file:
-            raw = file.read(MAX_MANIFEST_BYTES + 1)
+            raw = read_capped(file, MAX_MANIFEST_BYTES)
     except OSError as error:
         raise FormatError(f"cannot be read ({error.strerror}): not a batch shard folder, or "
                           "not fully written", path=path, field="manifest") from None

@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch._json import load_json
+from zerobatch._json import load_json, read_capped
 from zerobatch.errors import FormatError, StorageError
 from zerobatch.storage.publish import Publisher, publisher
 from zerobatch.storage.url import join
@@ -412,7 +412,7 @@ def read_manifest(folder: str | os.PathLike[str], storage: Any = None) -> Manife
     try:
         if storage is None:
             with open(path, "rb") as file:
-                data = file.read(MAX_MANIFEST_BYTES + 1)
+                data = read_capped(file, MAX_MANIFEST_BYTES)
         else:
             if storage.size(MANIFEST) > MAX_MANIFEST_BYTES:
                 raise _fail(f"larger than {MAX_MANIFEST_BYTES} bytes", path, "manifest")

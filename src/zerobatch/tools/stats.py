@@ -10,46 +10,77 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.errors import FormatError
-from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE, TOKEN, TOKENS, is_dataset, read_manifest
+from zerobatch.stream.manifest import (
+    DOCS,
+    OFFSET_DTYPE,
+    TOKEN,
+    TOKENS,
+    check_sizes,
+    is_dataset,
+    read_manifest,
+)
 
 __all__ = ["Distributions", "distributions", "plot"]
 
-_SAMPLE_TOKENS = 1 << 26  # token frequencies are counted over at most this many tokens
+_SAMPLE_TOKENS = 1 << 24  # token frequencies are counted over at most this many tokens
+_SAMPLE_DOCUMENTS = 1 << 24  # document lengths: at most this many documents
 
 
 @dataclass(frozen=True)
 class Distributions:
-    """Per-document lengths (tokens; None for LLMBATCH, which has no documents)
-    and per-id token counts over ``sampled`` tokens."""
+    """Per-document lengths (tokens, of at most ``_SAMPLE_DOCUMENTS`` documents
+    spread evenly; None for LLMBATCH, which has no documents) and the count of
+    each distinct token id (``ids`` sorted, ``counts`` alike) over ``sampled``
+    tokens. Memory is bounded by the sample, whatever the ids' range: O(sampled)
+    while counting, O(distinct ids) after."""
 
     lengths: npt.NDArray[np.int64] | None
+    ids: npt.NDArray[np.int64]
     counts: npt.NDArray[np.int64]
     sampled: int
 
 
+class _Tally:
+    """Counts of distinct ids, merged sample by sample (never indexed by id:
+    an id near 2**32 costs what any other does)."""
+
+    def __init__(self) -> None:
+        self.ids = np.zeros(0, np.int64)
+        self.counts = np.zeros(0, np.int64)
+        self.sampled = 0
+
+    def add(self, tokens: np.ndarray) -> None:
+        found, counts = np.unique(np.asarray(tokens).reshape(-1), return_counts=True)
+        merged, where = np.unique(np.concatenate([self.ids, found.astype(np.int64)]),
+                                  return_inverse=True)
+        total = np.zeros(merged.shape[0], np.int64)
+        np.add.at(total, where, np.concatenate([self.counts, counts]))
+        self.ids, self.counts = merged, total
+        self.sampled += int(np.asarray(tokens).size)
+
+
 def _stream(folder: Path) -> Distributions:
     manifest = read_manifest(folder)
-    lengths = [np.diff(np.fromfile(folder / s.file(DOCS), dtype=OFFSET_DTYPE).astype(np.int64))
-               for s in manifest.shards]
+    check_sizes(folder, manifest, lambda name: os.stat(folder / name).st_size)
+    documents = sum(s.documents for s in manifest.shards)
+    every = max(1, -(-documents // _SAMPLE_DOCUMENTS))  # every k-th document's length
+    lengths = []
+    for shard in manifest.shards:
+        offsets = np.memmap(folder / shard.file(DOCS), dtype=OFFSET_DTYPE, mode="r")
+        starts = np.asarray(offsets[:-1:every]).astype(np.int64)
+        ends = np.asarray(offsets[1::every]).astype(np.int64)
+        lengths.append(ends - starts)
     total = sum(s.records for s in manifest.shards)
     stride = max(1, -(-total // _SAMPLE_TOKENS))  # every stride-th token, evenly over shards
-    counts = np.zeros(1, dtype=np.int64)
-    sampled = 0
+    tally = _Tally()
     for shard in manifest.shards:
         if not shard.records:
             continue
         records = np.memmap(folder / shard.file(TOKENS), dtype=manifest.record_dtype, mode="r",
                             shape=(shard.records,))[::stride]
-        tokens = records if manifest.token_field is None else records[TOKEN]
-        found = np.bincount(np.asarray(tokens))
-        if found.shape[0] > counts.shape[0]:
-            found[: counts.shape[0]] += counts
-            counts = found
-        else:
-            counts[: found.shape[0]] += found
-        sampled += tokens.shape[0]
+        tally.add(records if manifest.token_field is None else records[TOKEN])
     joined = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
-    return Distributions(joined.astype(np.int64, copy=False), counts, sampled)
+    return Distributions(joined, tally.ids, tally.counts, tally.sampled)
 
 
 def _batch_file(path: Path) -> Distributions:
@@ -57,16 +88,10 @@ def _batch_file(path: Path) -> Distributions:
 
     with BatchFileReader(path) as reader:
         step = max(1, reader.num_batches * reader.batch_size * reader.seq_len // _SAMPLE_TOKENS)
-        counts = np.zeros(1, dtype=np.int64)
-        sampled = 0
+        tally = _Tally()
         for i in range(0, reader.num_batches, step):
-            found = np.bincount(np.asarray(reader.read_batch(i)).reshape(-1))
-            if found.shape[0] < counts.shape[0]:
-                found = np.pad(found, (0, counts.shape[0] - found.shape[0]))
-            found[: counts.shape[0]] += counts
-            counts = found
-            sampled += reader.batch_size * reader.seq_len
-    return Distributions(None, counts, sampled)
+            tally.add(reader.read_batch(i))
+    return Distributions(None, tally.ids, tally.counts, tally.sampled)
 
 
 def distributions(path: str | os.PathLike[str]) -> Distributions:
