@@ -39,6 +39,8 @@ from zerobatch.stream.index import Index, MappedIndex
 from zerobatch.stream.manifest import (
     DOCS,
     DOCUMENT_KIND,
+    FORMAT,
+    MANIFEST,
     META_DATA,
     META_ID,
     META_INDEX,
@@ -719,8 +721,9 @@ class Documents:
 
 
 def open_dataset(
-    path: str | os.PathLike[str], *, metadata: Any = None, storage: Storage | None = None,
-    storage_options: Mapping[str, Any] | None = None,
+    path: str | os.PathLike[str], format: str | None = None, *, metadata: Any = None,
+    storage: Storage | None = None, storage_options: Mapping[str, Any] | None = None,
+    **format_options: Any,
 ) -> Dataset | NpyTokens:
     """Open a token-stream dataset folder or prefix URL (``s3://``, ``gs://``,
     ``az://``; ``storage_options`` as for ``zerobatch.storage.open_storage``):
@@ -728,15 +731,32 @@ def open_dataset(
 
     A local folder of ``.npy`` token files and no manifest opens in place as one
     token stream (``zerobatch.stream.npy.NpyTokens``; ``windows`` only).
+    Another framework's files (Megatron ``.bin``/``.idx``, datatrove, …) open in
+    place as a ``zerobatch.peers.PeerDataset``: detected where there is no
+    manifest, or named by ``format`` (one of ``zerobatch.peers.FORMATS``), with
+    that format's ``format_options``.
 
     ``metadata`` is needed only when the dataset was written with ``"pickle"``
     (pass ``"pickle"`` to allow unpickling) or a custom serializer (pass the
     object). Raises ``FormatError`` naming the file and field on a bad manifest
     or a size mismatch.
     """
+    if format is not None and format != FORMAT:
+        return _open_peer(path, format, storage, storage_options, format_options)
     folder: str | Path = str(path) if is_url(path) else local_path(path)
     if storage is None and isinstance(folder, Path) and is_npy_folder(folder):
         return open_npy(folder)
+    if storage is None and format is None and not _has_manifest(folder, storage_options):
+        from zerobatch.peers import detect, locate
+
+        location = locate(path, dict(storage_options or {}))
+        found = detect(location)
+        location.storage.close()
+        if found is not None:
+            return _open_peer(path, found, storage, storage_options, format_options)
+    if format_options:
+        raise TypeError(f"unexpected option(s) {sorted(format_options)} for a zerobatch "
+                        "dataset (format options are for the peer formats)")
     if storage is None:
         storage = open_storage(folder, **(storage_options or {}))
     try:
@@ -746,6 +766,30 @@ def open_dataset(
         storage.close()
         raise
     return Dataset(folder, manifest, storage, _serializer_for(folder, manifest, metadata))
+
+
+def _has_manifest(folder: str | Path, storage_options: Mapping[str, Any] | None) -> bool:
+    """Whether ``folder`` holds a ``manifest.json`` (one HEAD for a URL)."""
+    if isinstance(folder, Path):
+        return (folder / MANIFEST).exists()
+    storage = open_storage(folder, **(storage_options or {}))
+    try:
+        storage.size(MANIFEST)
+    except FileNotFoundError:
+        return False
+    finally:
+        storage.close()
+    return True
+
+
+def _open_peer(path: str | os.PathLike[str], format: str, storage: Storage | None,
+               storage_options: Mapping[str, Any] | None, options: dict[str, Any]) -> Any:
+    from zerobatch.peers import open_peer
+
+    if storage is not None:
+        raise ValueError(f"format={format!r} opens its own storage: pass the path (or URL) "
+                         "and storage_options, not storage=")
+    return open_peer(path, format, storage_options=storage_options, **options)
 
 
 def _serializer_for(folder: str | Path, manifest: Manifest, metadata: Any) -> Any:

@@ -1,0 +1,63 @@
+"""Peer formats read in place: Megatron ``.bin``/``.idx``, datatrove ``.ds``,
+Hugging Face ``save_to_disk`` folders, LitData, MDS and OLMo token arrays.
+
+``open_peer(path, format=None)`` (and ``zerobatch.open_dataset`` when a path
+holds no zerobatch manifest) returns a ``PeerDataset``: the same windows,
+documents, Loader, plan and resume as a native dataset, with no conversion
+and no index build. Each format's module docstring is its byte layout and
+what the reader checks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from zerobatch.errors import FormatError
+from zerobatch.peers._base import Location, PeerDataset, PeerFiles, locate
+from zerobatch.peers.megatron import MegatronFiles
+
+__all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "open_peer"]
+
+FORMATS: dict[str, type[PeerFiles]] = {
+    "megatron": MegatronFiles,
+}
+"""Every peer format by name, in the order ``detect`` tries them."""
+
+
+def _detectors() -> dict[str, Any]:
+    from zerobatch.peers import megatron
+
+    return {"megatron": megatron.detect}
+
+
+def detect(location: Location) -> str | None:
+    """The name of the peer format at ``location``, or None."""
+    for name, found in _detectors().items():
+        if found(location):
+            return name
+    return None
+
+
+def open_peer(
+    path: str | os.PathLike[str], format: str | None = None, *,
+    storage_options: Mapping[str, Any] | None = None, **format_options: Any,
+) -> PeerDataset:
+    """Open a peer format's files in place (``format`` detected when None; one
+    of ``FORMATS``). Reads headers and sizes only; ``FormatError`` names the
+    file and field of anything malformed."""
+    location = locate(path, dict(storage_options or {}))
+    try:
+        name = format if format is not None else detect(location)
+        if name is None:
+            raise FormatError(f"no zerobatch manifest and no known format here (tried "
+                              f"{', '.join(FORMATS)}); pass format= to say which",
+                              path=path, field="format")
+        kind = FORMATS.get(name)
+        if kind is None:
+            raise ValueError(f"unknown format {name!r}; expected one of {', '.join(FORMATS)}")
+        return PeerDataset(kind(location, dict(format_options)))
+    except BaseException:
+        location.storage.close()
+        raise

@@ -1,0 +1,255 @@
+"""What every peer format shares: where its files are, how a format describes
+them (``PeerFiles``), and the dataset that reads them in place (``PeerDataset``).
+
+A peer format is its own way of giving two things: token files (one
+headerless little-endian array per shard, at a byte ``base`` of a file) and
+per-shard document offsets. ``PeerDataset`` is a ``stream.Dataset`` over
+those: windows, documents, the Loader, the plan, torch, JAX and the service
+work on it unchanged. Opening reads headers and sizes only (O(files) small
+reads); document offsets are derived from the format's own table on the
+first read that needs them, once (``PeerIndex``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zerobatch._text import format_table
+from zerobatch.errors import FormatError
+from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
+from zerobatch.stream.index import MappedIndex, ShardError
+from zerobatch.stream.manifest import OFFSET_DTYPE, TOKENS, Manifest, Shard
+from zerobatch.stream.reader import Dataset
+from zerobatch.stream.verify import Problem
+
+__all__ = ["Location", "PeerDataset", "PeerFiles", "PeerShard", "locate", "read_at"]
+
+
+@dataclass(frozen=True)
+class PeerShard:
+    """One token file of a peer dataset: ``records`` tokens of the dataset's
+    dtype at byte ``base`` of ``tokens``, split into ``documents`` documents
+    whose boundaries come from the file ``boundary``."""
+
+    tokens: str
+    base: int
+    records: int
+    documents: int
+    boundary: str
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where a peer dataset's files are: ``root`` (a folder or prefix URL), its
+    ``storage``, the names directly under it, and the ``stem`` the caller
+    named inside it (a Megatron prefix, one file), or None for the whole root."""
+
+    root: str | Path
+    storage: Storage
+    names: tuple[str, ...]
+    stem: str | None
+
+
+def _listing(storage: Storage, root: str | Path) -> tuple[str, ...]:
+    if isinstance(root, Path):
+        try:
+            return tuple(sorted(os.listdir(root)))
+        except OSError:
+            return ()
+    names = getattr(storage, "names", None)
+    return tuple(names()) if names is not None else ()
+
+
+def locate(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None
+           ) -> Location:
+    """The folder (or prefix) ``path`` names, or, when ``path`` names a file or
+    a file stem inside one, its parent and that stem. One LIST for a URL."""
+    options = storage_options or {}
+    if is_url(path):
+        url = str(path)
+        storage = open_storage(url, **options)
+        names = _listing(storage, url)
+        if names or url.endswith("/"):
+            return Location(url, storage, names, None)
+        storage.close()
+        parent, _, name = url.rstrip("/").rpartition("/")
+        storage = open_storage(parent, **options)
+        return Location(parent, storage, _listing(storage, parent), name)
+    local = local_path(path)
+    stem: str | None = None if local.is_dir() else local.name
+    root = local if stem is None else local.parent
+    storage = LocalStorage(root)
+    return Location(root, storage, _listing(storage, root), stem)
+
+
+def read_at(storage: Storage, name: str, offset: int, count: int, *, path: str | Path,
+            field: str) -> bytes:
+    """``count`` bytes at ``offset`` of ``name``; ``FormatError`` naming ``path``
+    and ``field`` when the file ends before them."""
+    buffer = bytearray(count)
+    got = storage.readinto(storage.open(name), offset, buffer) if count else 0
+    if got != count:
+        raise FormatError(f"file ends at byte {offset + got}, before byte {offset + count}; "
+                          "truncated or not fully written?", path=path, field=field)
+    return bytes(buffer)
+
+
+class PeerFiles(ABC):
+    """A peer format's view of its files, built by opening them (headers and
+    sizes only). Subclasses set ``format``, ``dtype`` and ``shards`` in their
+    constructor and give each shard's document offsets (``docs``) and a whole
+    check (``problems``)."""
+
+    format: str
+    dtype: np.dtype
+    shards: tuple[PeerShard, ...]
+
+    def __init__(self, location: Location, options: dict[str, Any]) -> None:
+        self.location = location
+        self.options = options
+
+    @property
+    def storage(self) -> Storage:
+        """The storage the files are read through."""
+        return self.location.storage
+
+    def path(self, name: str) -> str | Path:
+        """``name``'s full path or URL, for messages."""
+        return join(self.location.root, name)
+
+    @abstractmethod
+    def docs(self, shard: int) -> np.ndarray:
+        """Shard ``shard``'s ``documents + 1`` ``<u8`` token offsets, from 0 to its
+        records, derived from the format's own table and checked (``FormatError``
+        naming the file and field otherwise)."""
+
+    @abstractmethod
+    def problems(self) -> list[Problem]:
+        """Everything wrong with the files, in one pass over them (no tokens are
+        checked against a vocabulary the format does not record)."""
+
+    def facts(self) -> list[tuple[str, str]]:
+        """Format-specific rows for ``describe``."""
+        return []
+
+    def identity(self) -> dict[str, Any]:
+        """What the fingerprint hashes: the format, dtype, options, and every
+        shard's files with their sizes in bytes."""
+        storage = self.storage
+        files = sorted({name for s in self.shards for name in (s.tokens, s.boundary)})
+        return {"format": self.format, "dtype": self.dtype.str,
+                "options": {k: repr(v) for k, v in sorted(self.options.items())},
+                "files": [[name, storage.size(name)] for name in files],
+                "shards": [[s.tokens, s.base, s.records, s.documents] for s in self.shards]}
+
+
+class PeerIndex(MappedIndex):
+    """Document offsets derived from a peer format's table (``PeerFiles.docs``),
+    built for every shard on first use and kept; no metadata."""
+
+    def __init__(self, manifest: Manifest, storage: Storage, error: ShardError,
+                 docs: Callable[[int], np.ndarray]) -> None:
+        super().__init__(manifest, storage, error)
+        self._docs_of = docs
+
+    def load_docs(self) -> list[np.ndarray]:
+        tables = []
+        for i in range(len(self._manifest.shards)):
+            table = np.ascontiguousarray(self._docs_of(i), OFFSET_DTYPE)
+            table.setflags(write=False)
+            tables.append(table)
+        return tables
+
+
+def _manifest(files: PeerFiles) -> Manifest:
+    shards = tuple(Shard(f"{i:05d}", s.records, s.documents, None, {})
+                   for i, s in enumerate(files.shards))
+    return Manifest(files.dtype, None, None, None, shards)
+
+
+class PeerDataset(Dataset):
+    """A peer format's files read in place as a token-stream ``Dataset`` (see
+    the module docstring). Create with ``zerobatch.open_dataset(path,
+    format=...)``. Immutable and thread-safe like ``Dataset``; pickles as its
+    location and options (the copy opens the files again)."""
+
+    def __init__(self, files: PeerFiles) -> None:
+        self._files = files
+        super().__init__(files.location.root, _manifest(files), files.storage, None,
+                         bases=[s.base for s in files.shards])
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _reopen, (type(self._files), self._files.location, self._files.options)
+
+    def _make_index(self) -> PeerIndex:
+        return PeerIndex(self._manifest, self._storage, self._shard_error, self._files.docs)
+
+    def _token_file(self, shard: int) -> str:
+        return self._files.shards[shard].tokens
+
+    def _shard_error(self, shard: int, suffix: str, field: str, message: str) -> FormatError:
+        entry = self._files.shards[shard]
+        name = entry.tokens if suffix == TOKENS else entry.boundary
+        return FormatError(message, path=self._files.path(name), field=field)
+
+    @property
+    def format(self) -> str:
+        """The peer format's name (``"megatron"``, ``"datatrove"``, …)."""
+        return self._files.format
+
+    @property
+    def files(self) -> PeerFiles:
+        """The format's view of the files."""
+        return self._files
+
+    @property
+    def fingerprint(self) -> str:
+        """The XXH3-64 of the format, dtype, options and every file's name and
+        size (``PeerFiles.identity``): identifies the data a loader state
+        belongs to. Files rewritten in place with the same sizes keep it."""
+        import xxhash
+
+        text = json.dumps(self._files.identity(), sort_keys=True)
+        return xxhash.xxh3_64_hexdigest(text.encode())
+
+    def __repr__(self) -> str:
+        return (f"PeerDataset({self.format!r}, {str(self._path)!r}, tokens={self.num_tokens}, "
+                f"documents={self.num_documents}, files={len(self._files.shards)})")
+
+    def verify(self) -> list[Problem]:
+        """Every problem with the files (one pass over them); ``[]`` when sound."""
+        return self._files.problems()
+
+    def describe(self) -> str:
+        """A table describing the dataset, from its headers alone."""
+        shards = self._files.shards
+        rows = [("format", self.format), ("location", str(self._path)),
+                ("token dtype", self._files.dtype.str), ("files", f"{len(shards):,}"),
+                ("tokens", f"{self.num_tokens:,}"), ("documents", f"{self.num_documents:,}"),
+                *self._files.facts()]
+        return format_table(rows)
+
+
+def _reopen(kind: type[PeerFiles], location: Location, options: dict[str, Any]) -> PeerDataset:
+    return PeerDataset(kind(location, options))
+
+
+def checked_offsets(ends: Sequence[int] | np.ndarray, records: int, *, path: str | Path,
+                    field: str) -> str | None:
+    """What is wrong with token offsets ``ends`` (non-decreasing, first 0, last
+    ``records``), or None."""
+    table = np.asarray(ends)
+    if table.shape[0] == 0 or int(table[0]) != 0 or int(table[-1]) != records:
+        return f"expected offsets from 0 to {records}"
+    bad = table[1:] < table[:-1]
+    if bad.any():
+        return f"offsets go backwards at position {int(np.argmax(bad))}"
+    return None

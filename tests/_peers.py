@@ -1,0 +1,49 @@
+"""Shared checks of the peer-format tests: a peer dataset against the tokens
+and documents the peer's own reader returns."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+
+from zerobatch import Loader
+
+
+def check_against(ds, tokens: np.ndarray, documents: list[np.ndarray], *, seq_len: int = 7,
+                  stride: int | None = None) -> None:
+    """Every window, label, position and document of ``ds`` equals what the
+    peer's reader gives (``tokens``: every token in order; ``documents``)."""
+    assert ds.num_tokens == tokens.shape[0]
+    assert ds.num_documents == len(documents)
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])
+    assert starts[-1] == tokens.shape[0]
+    windows = ds.windows(seq_len, stride=stride)
+    step = stride or seq_len
+    assert len(windows) == (tokens.shape[0] - seq_len - 1) // step + 1
+    order = np.random.default_rng(0).permutation(len(windows))
+    batch = windows.read(order)
+    at = order[:, None] * step + np.arange(seq_len)
+    np.testing.assert_array_equal(batch["input_ids"], tokens[at].astype(np.int64))
+    np.testing.assert_array_equal(batch["labels"], tokens[at + 1].astype(np.int64))
+    doc_of = np.searchsorted(starts, at, side="right") - 1
+    expected = np.minimum(at - starts[doc_of], at - order[:, None] * step)
+    np.testing.assert_array_equal(batch["position_ids"], expected)
+    stored = ds.windows(seq_len, stride=stride, dtype="stored").read(order[:3])
+    assert stored["input_ids"].dtype == tokens.dtype
+    docs = ds.documents().read(np.arange(len(documents))[::-1])
+    for got, want in zip(docs["input_ids"], documents[::-1], strict=True):
+        np.testing.assert_array_equal(np.asarray(got), want.astype(np.int64))
+    again = pickle.loads(pickle.dumps(ds))
+    np.testing.assert_array_equal(again.windows(seq_len, stride=stride).read(order[:5])
+                                  ["input_ids"], batch["input_ids"][:5])
+    assert again.fingerprint == ds.fingerprint
+
+
+def check_each_once(ds, *, seq_len: int = 5, batch_size: int = 6) -> None:
+    """The Loader over ``ds``'s windows yields each window exactly once an epoch."""
+    windows = ds.windows(seq_len)
+    loader = Loader(windows, batch_size, seed=3, output="batch", epochs=1, drop_last=False)
+    seen = np.concatenate([np.asarray(b.meta.global_indexes)[~np.asarray(b["padding"])]
+                           for b in loader])
+    assert np.array_equal(np.sort(seen), np.arange(len(windows)))
