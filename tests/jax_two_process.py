@@ -43,7 +43,7 @@ def main() -> None:
     coordinator, process_id, folder, out = sys.argv[1:5]
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=2,
                                process_id=int(process_id))
-    from zerobatch.jax import ShardDataset, check_layout, local_rows, to_global
+    from zerobatch.jax import JaxOutput, ShardDataset, check_layout, local_rows, to_global
     from zerobatch.stream.npy import open_npy
 
     records: list[logging.LogRecord] = []
@@ -95,11 +95,11 @@ def main() -> None:
         saved["ds_read"] = np.concatenate(recorder.read_windows)
     saved["log_records"] = np.array(len(records))
 
-    # Loader(output="jax"): rank and world size from JAX, three steps.
+    # Loader(output=JaxOutput(...)): rank and world size from JAX, three steps.
     from zerobatch import Loader
 
     source = Recorder(open_npy(folder + "/train").windows(8, dtype="int32"))
-    with Loader(source, 4, output="jax", sharding=sharding, microbatch=2, seed=6,
+    with Loader(source, 4, output=JaxOutput(sharding, microbatch=2), seed=6,
                 prefetch=0) as loader:
         assert (loader.rank, loader.world_size) == (int(process_id), 2)
         for step, (x, y) in zip(range(3), loader, strict=False):

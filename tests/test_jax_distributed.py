@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zerobatch import Loader
-from zerobatch.jax import ShardDataset, to_global
+from zerobatch.jax import JaxOutput, ShardDataset, to_global
 from zerobatch.stream.npy import open_npy
 
 WORKER = Path(__file__).with_name("jax_two_process.py")
@@ -115,7 +115,7 @@ def test_loader_matches_one_process(runs: tuple[Path, list[dict[str, np.ndarray]
     root, saved = runs
     source = open_npy(root / "train").windows(8, dtype="int32")
     sharding = NamedSharding(mesh8(), P("pp", "dp", "tp"))
-    with Loader(source, 8, output="jax", sharding=sharding, microbatch=2, seed=6) as loader:
+    with Loader(source, 8, output=JaxOutput(sharding, microbatch=2), seed=6) as loader:
         for step, (x, y) in zip(range(3), loader, strict=False):
             _check_same(saved, f"ld{step}x", np.asarray(x))
             _check_same(saved, f"ld{step}y", np.asarray(y))

@@ -1,4 +1,4 @@
-"""Loader(output="jax"): global arrays per step, the rows of this process only."""
+"""Loader(output=JaxOutput(...)): global arrays per step, the rows of this process only."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from zerobatch import Loader
-from zerobatch.jax import ShardDataset
+from zerobatch.jax import JaxOutput, ShardDataset
 from zerobatch.plan import Plan
 from zerobatch.stream.npy import open_npy
 
@@ -37,7 +37,7 @@ def sharding() -> NamedSharding:
 
 def test_steps_are_the_plan_in_the_microbatch_layout(windows: tuple[Any, np.ndarray, Path]) -> None:
     source, tokens, _ = windows
-    loader = Loader(source, 8, output="jax", sharding=sharding(), microbatch=2, seed=4,
+    loader = Loader(source, 8, output=JaxOutput(sharding(), microbatch=2), seed=4,
                     prefetch=2, num_threads=2)
     assert (loader.rank, loader.world_size) == (0, 1)
     plan = Plan(len(source), 8, seed=4)
@@ -59,13 +59,13 @@ def test_steps_are_the_plan_in_the_microbatch_layout(windows: tuple[Any, np.ndar
 
 def test_resume(windows: tuple[Any, np.ndarray, Path]) -> None:
     source = windows[0]
-    loader = Loader(source, 8, output="jax", sharding=sharding(), microbatch=2, epochs=None)
+    loader = Loader(source, 8, output=JaxOutput(sharding(), microbatch=2), epochs=None)
     it = iter(loader)
     for _ in range(7):
         next(it)
     state = json.loads(json.dumps(loader.state_dict()))
     expected = [np.asarray(next(it)[0]) for _ in range(4)]
-    fresh = Loader(source, 8, output="jax", sharding=sharding(), microbatch=2, prefetch=0)
+    fresh = Loader(source, 8, output=JaxOutput(sharding(), microbatch=2), prefetch=0)
     fresh.load_state_dict(state)
     for want, (got, _) in zip(expected, fresh, strict=False):
         np.testing.assert_array_equal(want, np.asarray(got))
@@ -73,21 +73,36 @@ def test_resume(windows: tuple[Any, np.ndarray, Path]) -> None:
 
 def test_errors(windows: tuple[Any, np.ndarray, Path]) -> None:
     source = windows[0]
-    with pytest.raises(ValueError, match="needs sharding="):
+    with pytest.raises(ValueError, match="JaxOutput"):
         Loader(source, 8, output="jax")
     with pytest.raises(ValueError, match="drop_last=True"):
-        Loader(source, 8, output="jax", sharding=sharding(), drop_last=False)
+        Loader(source, 8, output=JaxOutput(sharding()), drop_last=False)
     with pytest.raises(ValueError, match=r"microbatch \(3\)"):
-        Loader(source, 8, output="jax", sharding=sharding(), microbatch=3)
-    with pytest.raises(ValueError, match="need output='jax'"):
+        Loader(source, 8, output=JaxOutput(sharding(), microbatch=3))
+    with pytest.raises(ValueError, match="Sharding"):
+        JaxOutput("dp")  # type: ignore[arg-type]
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="need output='jax'"):
         Loader(source, 8, output="numpy", sharding=sharding())
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        Loader(source, 8, shardings=sharding())
+
+
+def test_deprecated_keywords_still_work(windows: tuple[Any, np.ndarray, Path]) -> None:
+    """output="jax" with sharding= and microbatch= (a release of deprecation)."""
+    source = windows[0]
+    with pytest.warns(DeprecationWarning, match="JaxOutput"):
+        old = Loader(source, 8, output="jax", sharding=sharding(), microbatch=2, seed=3)
+    new = Loader(source, 8, output=JaxOutput(sharding(), microbatch=2), seed=3)
+    for (x0, y0), (x1, y1) in zip(old, new, strict=True):
+        np.testing.assert_array_equal(np.asarray(x0), np.asarray(x1))
+        np.testing.assert_array_equal(np.asarray(y0), np.asarray(y1))
 
 
 def test_shard_dataset_shuffles_like_the_loader(windows: tuple[Any, np.ndarray, Path]) -> None:
     source, _, root = windows
     partition = NamedSharding(sharding().mesh, P(None, "pp", "dp", "tp"))
     with ShardDataset(root, "train", T, 4, 2, 2, 2, partition, tp=2, shuffle=True,
-                      seed=9) as ds, Loader(source, 8, output="jax", sharding=sharding(),
-                                            microbatch=2, seed=9) as loader:
+                      seed=9) as ds, Loader(source, 8, output=JaxOutput(sharding(), microbatch=2),
+                                            seed=9) as loader:
         for x, _ in loader:
             np.testing.assert_array_equal(np.asarray(ds()[0])[0], np.asarray(x))

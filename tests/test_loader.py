@@ -126,8 +126,16 @@ def test_torch_output_shares_memory(windows):
     assert batch["input_ids"].dtype == torch.int64
     assert batch["input_ids"].shape == (4, 16)
     assert torch.equal(batch["labels"][:, :-1], batch["input_ids"][:, 1:])
+    from zerobatch.torch import TorchOutput
+
     with pytest.warns(UserWarning, match="pin_memory"):
-        next(iter(Loader(windows, 4, pin_memory=True)))
+        pinned = next(iter(Loader(windows, 4, seed=1, output=TorchOutput(pin_memory=True))))
+    assert torch.equal(pinned["input_ids"], batch["input_ids"])
+    with pytest.warns(DeprecationWarning, match=r"TorchOutput\(device=...\)"):
+        moved = next(iter(Loader(windows, 4, seed=1, device="cpu")))  # deprecated keyword
+    assert moved["input_ids"].device == torch.device("cpu")
+    with pytest.raises(ValueError, match="need torch output"):
+        Loader(windows, 4, output="numpy", pin_memory=True)
 
 
 def test_batch_file_source(tmp_path):

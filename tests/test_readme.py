@@ -16,9 +16,11 @@ def test_readme_tour_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {}
     exec(compile(blocks[0], str(README), "exec"), namespace)
-    assert namespace["state"] == {
+    state = namespace["state"]
+    assert {key: state[key] for key in ("version", "epoch", "consumed", "seed", "block_size",  # type: ignore[index]
+                                        "shuffle", "length")} == {
         "version": 1, "epoch": 0, "consumed": 20, "seed": 42, "block_size": 16,
-        "shuffle": True, "num_batches": 128,
+        "shuffle": True, "length": 128,
     }
     checkpoint = namespace["checkpoint"]
     assert checkpoint["epoch"] == 1 and checkpoint["consumed"] == 0  # type: ignore[index]

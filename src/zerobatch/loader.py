@@ -32,7 +32,7 @@ import logging
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -46,33 +46,68 @@ from zerobatch.source import Source, fingerprint, read_indices, read_step, resol
 # stay importable from here for code written before the split.
 __all__ = ["Loader", "Source", "fingerprint", "read_step", "resolve_rank"]
 
-OUTPUTS = ("torch", "numpy", "batch", "jax")
+OUTPUTS = ("torch", "numpy", "batch")
+_DEPRECATED = {"pin_memory": "zerobatch.torch.TorchOutput(pin_memory=...)",
+               "device": "zerobatch.torch.TorchOutput(device=...)",
+               "sharding": "zerobatch.jax.JaxOutput(sharding)",
+               "microbatch": "zerobatch.jax.JaxOutput(sharding, microbatch=...)"}
 _log = logging.getLogger("zerobatch.loader")
 _logged_rank_source = False
-_warned_pin = False
 
 
+@runtime_checkable
+class Output(Protocol):
+    """What a Loader turns each step's ``Batch`` into, beyond the named kinds
+    ``"torch"``, ``"numpy"`` and ``"batch"``: ``zerobatch.torch.TorchOutput``,
+    ``zerobatch.jax.JaxOutput`` or a user's own. Lives with its framework."""
+
+    def ranks(self) -> tuple[int, int] | None:
+        """``(rank, world_size)`` when the Loader is given neither, or None to
+        let the Loader resolve them (:func:`zerobatch.source.resolve_rank`)."""
+        ...
+
+    def bind(self, plan: Plan, source: Any) -> Callable[[Batch], Any]:
+        """The converter of ``plan``'s steps over ``source``, called on the
+        reader threads (thread-safe). ValueError when the two do not fit."""
+        ...
 
 
+@runtime_checkable
+class _Placement(Protocol):
+    """A bound output that chooses which observations this process reads at a
+    step (``zerobatch.jax.GlobalSteps``: the rows its devices hold)."""
+
+    def indices(self, consumed: int, order: Any) -> npt.NDArray[np.int64]: ...
 
 
+def _output_object(output: Any, deprecated: dict[str, Any]) -> Any:
+    """``output`` with the per-output keywords of older releases folded into an
+    output object (with a DeprecationWarning naming the object to pass)."""
+    unknown = sorted(set(deprecated) - set(_DEPRECATED))
+    if unknown:
+        raise TypeError(f"Loader() got unexpected keyword arguments {unknown}")
+    given = {key: value for key, value in deprecated.items()
+             if value is not None and value is not False}
+    if output == "jax" and "sharding" not in given:
+        raise ValueError("output='jax' needs a sharding: pass "
+                         "output=zerobatch.jax.JaxOutput(sharding, microbatch=...)")
+    if not given:
+        return output
+    for key in given:
+        warnings.warn(f"Loader({key}=...) is deprecated: pass output={_DEPRECATED[key]}",
+                      DeprecationWarning, stacklevel=4)
+    if output == "jax":
+        from zerobatch.jax import JaxOutput
 
+        if set(given) - {"sharding", "microbatch"}:
+            raise ValueError("pin_memory and device need torch output")
+        return JaxOutput(given["sharding"], microbatch=given.get("microbatch"))
+    if output == "torch" and not set(given) - {"pin_memory", "device"}:
+        from zerobatch.torch import TorchOutput
 
-
-
-
-
-def _torch_output(pin_memory: bool, device: Any) -> Callable[[Batch], Any]:
-    global _warned_pin
-    import torch
-
-    if pin_memory and not torch.cuda.is_available():
-        if not _warned_pin:
-            warnings.warn("pin_memory=True but no CUDA device is available: batches are "
-                          "not pinned", stacklevel=4)
-            _warned_pin = True
-        pin_memory = False
-    return lambda batch: batch.to_torch(pin_memory=pin_memory, device=device)
+        return TorchOutput(pin_memory=bool(given.get("pin_memory")), device=given.get("device"))
+    needs = "torch output" if set(given) & {"pin_memory", "device"} else "output='jax'"
+    raise ValueError(f"{' and '.join(sorted(given))} need {needs}")
 
 
 class Loader:
@@ -92,21 +127,20 @@ class Loader:
         drop_last: skip the epoch's tail (True) or pad the last step and add a
             boolean ``padding`` column (False). Every rank runs the same steps.
         output: ``"torch"`` (dict of tensors sharing the batch's memory),
-            ``"numpy"`` (dict of arrays), ``"batch"`` (the columnar Batch) or
-            ``"jax"``: global ``jax.Array``s, ``(x, y)`` (inputs, labels) or a
-            dict, of ``batch_size * world_size`` windows per step placed with
-            ``sharding``, laid out ``(microbatch, rows // microbatch, seq_len)``
-            with ``microbatch`` (see ``zerobatch.jax.GlobalSteps``). Each process
-            reads only the rows its devices hold; the reader threads put the
-            next steps on the devices while the current one runs. ``rank`` and
-            ``world_size`` then default to JAX's process index and count.
+            ``"numpy"`` (dict of arrays), ``"batch"`` (the columnar Batch), or
+            an :class:`Output` object: ``zerobatch.torch.TorchOutput(pin_memory=,
+            device=)`` pins in the background and copies to a device;
+            ``zerobatch.jax.JaxOutput(sharding, microbatch=)`` gives global
+            ``jax.Array``s of ``batch_size * world_size`` windows per step, each
+            process reading only the rows its devices hold (``rank`` and
+            ``world_size`` then default to JAX's process index and count).
         epochs: epochs one ``for`` loop runs from the current position
             (None: forever, each epoch freshly shuffled).
         block_size: keep runs of this many consecutive observations together.
         transform: ``Batch -> Batch``, run on the reader threads; it must be
             thread-safe.
-        pin_memory, device: torch output only: pin in the background, copy to
-            ``device`` without blocking.
+        pin_memory, device, sharding, microbatch: deprecated keywords of the
+            output objects above (a DeprecationWarning says which to pass).
 
     Memory holds at most ``prefetch`` batches besides the one the caller has,
     and one more while the caller, its next batch not ready, reads ahead.
@@ -126,21 +160,24 @@ class Loader:
         prefetch: int = 2,
         num_threads: int = 1,
         drop_last: bool = True,
-        output: Literal["torch", "numpy", "batch", "jax"] = "torch",
+        output: Literal["torch", "numpy", "batch"] | Output = "torch",
         epochs: int | None = 1,
         block_size: int | None = None,
         transform: Callable[[Batch], Batch] | None = None,
-        pin_memory: bool = False,
-        device: Any = None,
-        sharding: Any = None,
-        microbatch: int | None = None,
+        **deprecated: Any,
     ) -> None:
         global _logged_rank_source
         if not callable(getattr(source, "read", None)) or not hasattr(source, "__len__"):
             raise ValueError(f"source must have __len__ and read(indices) -> Batch; "
                              f"got {type(source).__name__}")
-        if output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
+        output = _output_object(output, deprecated)
+        if isinstance(output, str) and output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS} or an output object "
+                             f"(zerobatch.torch.TorchOutput, zerobatch.jax.JaxOutput), "
+                             f"got {output!r}")
+        if not isinstance(output, str) and not isinstance(output, Output):
+            raise ValueError(f"output must be one of {OUTPUTS} or an object with ranks() and "
+                             f"bind(plan, source), got {type(output).__name__}")
         for name, value in (("prefetch", prefetch), ("num_threads", num_threads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an int >= 0, got {value!r}")
@@ -149,21 +186,9 @@ class Loader:
             raise ValueError(f"epochs must be an int >= 1 or None, got {epochs!r}")
         if transform is not None and not callable(transform):
             raise ValueError(f"transform must be callable, got {type(transform).__name__}")
-        if (pin_memory or device is not None) and output != "torch":
-            raise ValueError("pin_memory and device need output='torch'")
-        if output == "jax":
-            if sharding is None:
-                raise ValueError("output='jax' needs sharding= (a jax.sharding.Sharding of "
-                                 "each step's global arrays)")
-            if not drop_last:
-                raise ValueError("output='jax' needs drop_last=True: every step fills "
-                                 "its global arrays")
-            if rank is None and world_size is None:
-                import jax
-
-                rank, world_size = jax.process_index(), jax.process_count()
-        elif sharding is not None or microbatch is not None:
-            raise ValueError("sharding and microbatch need output='jax'")
+        implied = None if isinstance(output, str) else output.ranks()
+        if implied is not None and rank is None and world_size is None:
+            rank, world_size = implied
         rank, world_size, origin = resolve_rank(rank, world_size)
         if origin != "arguments" and not _logged_rank_source:
             _log.info("zerobatch Loader: rank %d of %d from %s", rank, world_size, origin)
@@ -177,20 +202,11 @@ class Loader:
         self._output = output
         self._epochs = epochs
         self._transform = transform
-        self._pin_memory = pin_memory
-        self._device = device
-        self._global: Any = None
-        if output == "jax":
-            seq_len = getattr(source, "seq_len", None)
-            if seq_len is None:
-                raise ValueError(f"output='jax' needs a source of fixed-length windows (a "
-                                 f"seq_len attribute); got {type(source).__name__}")
-            from zerobatch.jax import GlobalSteps
-
-            self._global = GlobalSteps(sharding, rows=self._plan.step_size, seq_len=seq_len,
-                                       microbatch=microbatch)
-        self._position = Position(self._plan, fingerprint(source))
         self._convert: Callable[[Batch], Any] | None = None
+        self._placement: _Placement | None = None
+        if not isinstance(output, str):
+            self._converter()  # an output object binds now: a source it cannot take fails here
+        self._position = Position(self._plan, fingerprint(source))
         self._iterator: weakref.ref[_Iterator] | None = None  # weak: no cycle, no leak
         # the current pass's threads: close() joins them even after the pass was dropped
         self._threads: Readers | None = None
@@ -200,6 +216,7 @@ class Loader:
         without its running iterator."""
         state = dict(self.__dict__)
         state["_iterator"] = None
+        state["_convert"] = state["_placement"] = None  # bound again where it is used
         return state
 
     @property
@@ -267,19 +284,21 @@ class Loader:
         ``padding`` column when drop_last is False), transform, convert, in the
         calling thread. The state does not move; the reader threads call this.
 
-        With ``output="jax"``, ``zerobatch.jax.GlobalSteps`` says which
-        observations this process reads: the rows its devices hold."""
-        if self._global is not None:  # the rows of this process's devices, not a rank's
+        With a ``JaxOutput``, its bound ``GlobalSteps`` says which observations
+        this process reads: the rows its devices hold."""
+        self._converter()
+        if self._placement is not None:  # the rows of this process's devices, not a rank's
             return self._produce(epoch, consumed, None, None)
         return self._produce(epoch, consumed, *self._plan.indices(epoch, consumed, self._rank))
 
     def _produce(self, epoch: int, consumed: int, indices: npt.NDArray[np.int64] | None,
                  padding: npt.NDArray[np.bool_] | None) -> Any:
         """:meth:`produce` with the rank's ``indices`` and ``padding`` at the step
-        already computed (:func:`zerobatch.plan.rank_steps`; unused with output="jax")."""
+        already computed (:func:`zerobatch.plan.rank_steps`; unused with a JaxOutput)."""
         convert = self._converter()
-        if self._global is not None:
-            batch = self._source.read(self._global.indices(consumed, self._plan.order(epoch)))
+        if self._placement is not None:
+            batch = self._source.read(self._placement.indices(consumed,
+                                                              self._plan.order(epoch)))
         else:
             assert indices is not None
             batch = read_indices(self._source, indices, None if self._plan.drop_last else padding)
@@ -288,13 +307,18 @@ class Loader:
         return convert(batch)
 
     def _converter(self) -> Callable[[Batch], Any]:
+        """The bound output (and :attr:`_placement`), made on first use."""
         if self._convert is None:
-            if self._output == "torch":
-                self._convert = _torch_output(self._pin_memory, self._device)
+            if not isinstance(self._output, str):
+                convert = self._output.bind(self._plan, self._source)
+                self._placement = convert if isinstance(convert, _Placement) else None
+                self._convert = convert
+            elif self._output == "torch":
+                from zerobatch.torch import TorchOutput
+
+                self._convert = TorchOutput().bind(self._plan, self._source)
             elif self._output == "numpy":
                 self._convert = Batch.to_numpy
-            elif self._output == "jax":
-                self._convert = self._global
             else:
                 self._convert = _same
         return self._convert

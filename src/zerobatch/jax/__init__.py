@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from zerobatch.jax._global import (
     GlobalSteps,
+    JaxOutput,
     check_layout,
     check_sharding,
     local_box,
@@ -19,6 +20,7 @@ from zerobatch.jax.shards import DataConfig, ShardDataset, get_datasets
 __all__ = [
     "DataConfig",
     "GlobalSteps",
+    "JaxOutput",
     "ShardDataset",
     "check_layout",
     "check_sharding",

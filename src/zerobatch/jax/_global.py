@@ -23,8 +23,8 @@ import numpy.typing as npt
 
 from zerobatch.columnar import Batch
 
-__all__ = ["GlobalSteps", "check_layout", "check_sharding", "local_box", "local_rows",
-           "to_global"]
+__all__ = ["GlobalSteps", "JaxOutput", "check_layout", "check_sharding", "local_box",
+           "local_rows", "to_global"]
 
 
 def _positive(name: str, value: object) -> int:
@@ -204,3 +204,44 @@ class GlobalSteps:
         if "input_ids" in arrays and "labels" in arrays:
             return arrays["input_ids"], arrays["labels"]
         return arrays
+
+
+class JaxOutput:
+    """``Loader(source, batch_size, output=JaxOutput(sharding, microbatch=...))``:
+    each step becomes global ``jax.Array``s placed with ``sharding``.
+
+    A step is ``batch_size * world_size`` windows (``batch_size`` per process,
+    as everywhere in zerobatch), laid out ``(microbatch, rows // microbatch,
+    seq_len)``, or ``(rows, seq_len)`` with ``microbatch`` None; it arrives as
+    ``(x, y)`` (inputs, labels) or a dict of the dense columns
+    (:class:`GlobalSteps`). Each process reads only the rows its devices hold;
+    ``rank`` and ``world_size`` default to JAX's process index and count. The
+    source must have fixed-length windows (a ``seq_len``) and the Loader
+    ``drop_last=True``. Immutable.
+    """
+
+    def __init__(self, sharding: jax.sharding.Sharding, *, microbatch: int | None = None) -> None:
+        if not isinstance(sharding, jax.sharding.Sharding):
+            raise ValueError(f"sharding must be a jax.sharding.Sharding of each step's global "
+                             f"arrays, got {type(sharding).__name__}")
+        self.sharding = sharding
+        self.microbatch = None if microbatch is None else _positive("microbatch", microbatch)
+
+    def __repr__(self) -> str:
+        return f"JaxOutput({self.sharding!r}, microbatch={self.microbatch})"
+
+    def ranks(self) -> tuple[int, int]:
+        """This process's rank and the world size when the Loader is given neither."""
+        return jax.process_index(), jax.process_count()
+
+    def bind(self, plan: Any, source: Any) -> GlobalSteps:
+        """The converter of ``plan``'s steps over ``source``."""
+        if not plan.drop_last:
+            raise ValueError("a JaxOutput needs the Loader's drop_last=True: every step fills "
+                             "its global arrays")
+        seq_len = getattr(source, "seq_len", None)
+        if seq_len is None:
+            raise ValueError(f"a JaxOutput needs a source of fixed-length windows (a seq_len "
+                             f"attribute); got {type(source).__name__}")
+        return GlobalSteps(self.sharding, rows=plan.step_size, seq_len=seq_len,
+                           microbatch=self.microbatch)
