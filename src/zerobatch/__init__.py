@@ -14,6 +14,8 @@ from zerobatch.shuffle import BlockShuffle, Feistel
 from zerobatch.source import Source
 from zerobatch.stream import StreamWriter, combine, open_dataset, verify
 
+from zerobatch import peers  # isort: skip (after stream: registers the peer formats with it)
+
 __all__ = [
     "Batch",
     "BatchMeta",
@@ -28,6 +30,7 @@ __all__ = [
     "StreamWriter",
     "combine",
     "open_dataset",
+    "peers",
     "verify",
 ]
 __version__ = "0.1.0"

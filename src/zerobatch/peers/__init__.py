@@ -17,6 +17,7 @@ from typing import Any
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerDataset, PeerFiles, locate
 from zerobatch.peers.megatron import MegatronFiles
+from zerobatch.stream.reader import Dataset, register_peer_formats
 
 __all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "open_peer"]
 
@@ -61,3 +62,22 @@ def open_peer(
     except BaseException:
         location.storage.close()
         raise
+
+
+class _Formats:
+    """What ``zerobatch.stream.open_dataset`` calls to reach the peer formats."""
+
+    def detect_path(self, path: str | os.PathLike[str],
+                    storage_options: Mapping[str, Any] | None) -> str | None:
+        location = locate(path, dict(storage_options or {}))
+        try:
+            return detect(location)
+        finally:
+            location.storage.close()
+
+    def open(self, path: str | os.PathLike[str], format: str,
+             storage_options: Mapping[str, Any] | None, options: dict[str, Any]) -> Dataset:
+        return open_peer(path, format, storage_options=storage_options, **options)
+
+
+register_peer_formats(_Formats())

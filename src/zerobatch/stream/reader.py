@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from itertools import compress
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -746,12 +746,9 @@ def open_dataset(
     folder: str | Path = str(path) if is_url(path) else local_path(path)
     if storage is None and isinstance(folder, Path) and is_npy_folder(folder):
         return open_npy(folder)
-    if storage is None and format is None and not _has_manifest(folder, storage_options):
-        from zerobatch.peers import detect, locate
-
-        location = locate(path, dict(storage_options or {}))
-        found = detect(location)
-        location.storage.close()
+    if storage is None and format is None and _PEERS and not _has_manifest(folder,
+                                                                          storage_options):
+        found = _PEERS[0].detect_path(path, storage_options)
         if found is not None:
             return _open_peer(path, found, storage, storage_options, format_options)
     if format_options:
@@ -782,14 +779,35 @@ def _has_manifest(folder: str | Path, storage_options: Mapping[str, Any] | None)
     return True
 
 
+class PeerFormats(Protocol):
+    """How ``open_dataset`` reaches the peer formats (``zerobatch.peers``
+    registers itself with ``register_peer_formats`` when imported)."""
+
+    def detect_path(self, path: str | os.PathLike[str],
+                    storage_options: Mapping[str, Any] | None) -> str | None:
+        """The peer format at ``path``, or None."""
+
+    def open(self, path: str | os.PathLike[str], format: str,
+             storage_options: Mapping[str, Any] | None, options: dict[str, Any]) -> Dataset:
+        """``path`` opened as ``format`` with its ``options``."""
+
+
+_PEERS: list[PeerFormats] = []
+
+
+def register_peer_formats(formats: PeerFormats) -> None:
+    """Let ``open_dataset`` detect and open the peer formats (``zerobatch.peers``)."""
+    _PEERS[:] = [formats]
+
+
 def _open_peer(path: str | os.PathLike[str], format: str, storage: Storage | None,
                storage_options: Mapping[str, Any] | None, options: dict[str, Any]) -> Any:
-    from zerobatch.peers import open_peer
-
     if storage is not None:
         raise ValueError(f"format={format!r} opens its own storage: pass the path (or URL) "
                          "and storage_options, not storage=")
-    return open_peer(path, format, storage_options=storage_options, **options)
+    if not _PEERS:
+        raise ValueError(f"format={format!r} needs zerobatch.peers; import it first")
+    return _PEERS[0].open(path, format, storage_options, options)
 
 
 def _serializer_for(folder: str | Path, manifest: Manifest, metadata: Any) -> Any:
