@@ -177,3 +177,17 @@ def test_padding_of_a_dropped_tail_plan_is_all_false_and_read_only():
     assert padding.tolist() == [False] * 8
     with pytest.raises(ValueError):
         padding[0] = True  # shared by every step: never writable
+
+
+@settings(max_examples=200, deadline=None)
+@given(length=st.integers(0, 40), batch_size=st.integers(1, 5), world_size=st.integers(1, 3),
+       drop_last=st.booleans(), consumed=st.integers(0, 40), steps=st.integers(0, 60))
+def test_advance_is_after_repeated(length, batch_size, world_size, drop_last, consumed, steps):
+    """Plan.advance (O(1)) lands where ``steps`` calls of ``after`` land."""
+    plan = Plan(length, batch_size, world_size=world_size, drop_last=drop_last)
+    if plan.steps(0) == 0 or consumed > length:
+        return
+    epoch, at = (0, consumed) if plan.steps(consumed) else (1, 0)
+    for _ in range(steps):
+        epoch, at = plan.after(epoch, at)
+    assert plan.advance(0, consumed, steps) == (epoch, at)

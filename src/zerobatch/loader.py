@@ -27,6 +27,7 @@ with another ``world_size``, ``batch_size``, ``prefetch`` or ``num_threads``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import warnings
@@ -40,7 +41,14 @@ import numpy.typing as npt
 from zerobatch._readers import Readers
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan, Planned, Position
-from zerobatch.source import Source, fingerprint, read_indices, read_step, resolve_rank
+from zerobatch.source import (
+    _DEFAULT_RANK,
+    Source,
+    fingerprint,
+    read_indices,
+    read_step,
+    resolve_rank,
+)
 
 # Source, fingerprint, read_step and resolve_rank live in zerobatch.source; they
 # stay importable from here for code written before the split.
@@ -119,7 +127,9 @@ class Loader:
         seed: seeds every epoch's order together with the epoch (any int).
         shuffle: a global shuffle (Feistel, or blocks with ``block_size``).
         rank, world_size: default from torch.distributed, then ``RANK`` and
-            ``WORLD_SIZE``, else 0 and 1 (logged once).
+            ``WORLD_SIZE``, else 0 and 1 (logged once). Defaults of 0 and 1
+            are looked up again at each iteration, so a Loader built before
+            ``init_process_group`` takes its rank when iterated.
         prefetch: steps read ahead (0: read in the caller's thread).
         num_threads: reader threads (0: read in the caller's thread). While
             the next step is not ready and at most ``prefetch`` are in flight,
@@ -202,6 +212,10 @@ class Loader:
         self._output = output
         self._epochs = epochs
         self._transform = transform
+        self._rank_origin = origin
+        self._began = False  # iterated at least once
+        # Why state_dict() is not the position trained on (zerobatch.torch sets it), or None.
+        self._stale: str | None = None
         self._convert: Callable[[Batch], Any] | None = None
         self._placement: _Placement | None = None
         if not isinstance(output, str):
@@ -213,7 +227,9 @@ class Loader:
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickles with its source, plan and position (for ``spawn`` workers),
-        without its running iterator."""
+        without its running iterator; a default rank is looked up first (a
+        spawned worker cannot see the parent's torch.distributed)."""
+        self._refresh_rank()
         state = dict(self.__dict__)
         state["_iterator"] = None
         state["_convert"] = state["_placement"] = None  # bound again where it is used
@@ -238,6 +254,11 @@ class Loader:
     def epoch(self) -> int:
         """The epoch the next batch comes from."""
         return self._position.epoch
+
+    @property
+    def step(self) -> tuple[int, int]:
+        """The step ``(epoch, consumed)`` the next batch comes from."""
+        return self._position.step
 
     @property
     def epochs(self) -> int | None:
@@ -266,9 +287,36 @@ class Loader:
             self._stop()
             self._position.start_epoch(epoch)
 
+    def _refresh_rank(self) -> None:
+        """Take torch.distributed's (or torchrun's) rank and world size if this
+        loader's came from the single-process default and they now say more
+        (a Loader built before ``init_process_group``). The position is global,
+        so it stays; a pass already begun as rank 0 of 1 gets a warning."""
+        if self._rank_origin != _DEFAULT_RANK:
+            return
+        rank, world_size, origin = resolve_rank(None, None)
+        if origin == _DEFAULT_RANK:
+            return
+        if self._began:
+            warnings.warn(f"zerobatch Loader: {origin} now reports rank {rank} of {world_size}, "
+                          f"but this loader was already read as rank 0 of 1 (built before "
+                          f"init_process_group?): the batches so far were the whole step; "
+                          f"build the Loader after init_process_group or pass rank=, "
+                          f"world_size=", stacklevel=3)
+        self._stop()
+        self._plan = dataclasses.replace(self._plan, world_size=world_size)
+        self._rank = self._plan.check_rank(rank)
+        self._position.plan = self._plan
+        self._convert = self._placement = None  # bound to the plan: bind again
+        self._rank_origin = origin
+        _log.info("zerobatch Loader: rank %d of %d from %s", rank, world_size, origin)
+
     def __iter__(self) -> Iterator[Any]:
         """Batches from the current position; a new iterator replaces the last one."""
         self._stop()
+        self._refresh_rank()
+        self._stale = None  # iterated itself: its position moves
+        self._began = True
         if self._plan.steps(0) == 0:
             raise ValueError(
                 f"the source has {self._plan.length} observations, fewer than one step of "
@@ -325,7 +373,11 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able position of what the caller has received
-        (:meth:`zerobatch.plan.Position.state_dict`). O(1)."""
+        (:meth:`zerobatch.plan.Position.state_dict`). O(1). Warns when the
+        batches come from DataLoader workers that this loader does not see
+        (``zerobatch.torch.LoaderDataset``): save the DataLoader's state then."""
+        if self._stale is not None:
+            warnings.warn(self._stale, stacklevel=2)
         return self._position.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -163,6 +163,27 @@ class Plan:
         consumed = min(consumed + self.step_size, self.length)
         return (epoch + 1, 0) if self.steps(consumed) == 0 else (epoch, consumed)
 
+    def advance(self, epoch: int, consumed: int, steps: int) -> tuple[int, int]:
+        """The (epoch, consumed) ``steps`` steps after the step ``(epoch, consumed)``
+        starts, across epoch ends (``steps=1`` is :meth:`after`). O(1).
+
+        >>> Plan(10, 2, world_size=2, drop_last=False).advance(0, 0, 7)
+        (2, 4)
+        """
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+        left = self.steps(consumed)
+        if left == 0:  # a position past the epoch's last step: the next epoch's start
+            epoch, consumed, left = epoch + 1, 0, self.steps(0)
+        if steps < left:
+            return epoch, int(consumed) + int(steps) * self.step_size
+        whole = self.steps(0)
+        if whole == 0:
+            raise ValueError(f"an epoch of {self.length} observations has no step of "
+                             f"{self.step_size}: cannot advance")
+        beyond = int(steps) - left  # steps into the epochs after this one
+        return epoch + 1 + beyond // whole, (beyond % whole) * self.step_size
+
     def order(self, epoch: int) -> Feistel | BlockShuffle | None:
         """The permutation from positions to observations (None: the identity)."""
         if not self.shuffle or self.length == 0:

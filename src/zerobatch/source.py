@@ -23,6 +23,8 @@ from zerobatch.plan import Plan
 
 __all__ = ["Source", "fingerprint", "read_indices", "read_step", "resolve_rank"]
 
+_DEFAULT_RANK = "default (single process)"  # resolve_rank's origin when nothing says more
+
 
 @runtime_checkable
 class Source(Protocol):
@@ -56,7 +58,7 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int, st
                 f"RANK={os.environ['RANK']!r} and WORLD_SIZE={os.environ['WORLD_SIZE']!r} "
                 "must be ints; fix the environment or pass rank= and world_size="
             ) from None
-    return 0, 1, "default (single process)"
+    return 0, 1, _DEFAULT_RANK
 
 
 def fingerprint(source: Any) -> str | None:
