@@ -15,7 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerobatch.errors import FormatError
+from zerobatch.peers import datatrove, megatron
 from zerobatch.peers._base import Location, PeerDataset, PeerFiles, locate
+from zerobatch.peers.datatrove import DatatroveFiles
 from zerobatch.peers.megatron import MegatronFiles
 from zerobatch.stream.reader import Dataset, register_peer_formats
 
@@ -23,19 +25,17 @@ __all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "open_peer"]
 
 FORMATS: dict[str, type[PeerFiles]] = {
     "megatron": MegatronFiles,
+    "datatrove": DatatroveFiles,
 }
 """Every peer format by name, in the order ``detect`` tries them."""
 
 
-def _detectors() -> dict[str, Any]:
-    from zerobatch.peers import megatron
-
-    return {"megatron": megatron.detect}
+_DETECT: dict[str, Any] = {"megatron": megatron.detect, "datatrove": datatrove.detect}
 
 
 def detect(location: Location) -> str | None:
     """The name of the peer format at ``location``, or None."""
-    for name, found in _detectors().items():
+    for name, found in _DETECT.items():
         if found(location):
             return name
     return None

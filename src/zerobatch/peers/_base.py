@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 
 from zerobatch._text import format_table
+from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
 from zerobatch.stream.index import MappedIndex, ShardError
 from zerobatch.stream.manifest import OFFSET_DTYPE, TOKENS, Manifest, Shard
-from zerobatch.stream.reader import Dataset
+from zerobatch.stream.reader import Dataset, Documents, TokenWindows
 from zerobatch.stream.verify import Problem
 
 __all__ = ["Location", "PeerDataset", "PeerFiles", "PeerShard", "locate", "read_at"]
@@ -111,10 +112,14 @@ class PeerFiles(ABC):
     format: str
     dtype: np.dtype
     shards: tuple[PeerShard, ...]
+    fields: dict[str, tuple[np.dtype, tuple[str, ...]]]
+    """Per-token fields kept in files of their own (datatrove's ``.ds.loss``):
+    name -> (dtype, one headerless file per shard, records aligned with its tokens)."""
 
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         self.location = location
         self.options = options
+        self.fields = {}
 
     @property
     def storage(self) -> Storage:
@@ -144,7 +149,8 @@ class PeerFiles(ABC):
         """What the fingerprint hashes: the format, dtype, options, and every
         shard's files with their sizes in bytes."""
         storage = self.storage
-        files = sorted({name for s in self.shards for name in (s.tokens, s.boundary)})
+        files = sorted({name for s in self.shards for name in (s.tokens, s.boundary)}
+                       | {name for _, names in self.fields.values() for name in names})
         return {"format": self.format, "dtype": self.dtype.str,
                 "options": {k: repr(v) for k, v in sorted(self.options.items())},
                 "files": [[name, storage.size(name)] for name in files],
@@ -185,6 +191,35 @@ class PeerDataset(Dataset):
         self._files = files
         super().__init__(files.location.root, _manifest(files), files.storage, None,
                          bases=[s.base for s in files.shards])
+        self._field_sets = {name: PeerDataset(_FieldFiles(files, name)) for name in files.fields}
+
+    def windows(
+        self, seq_len: int, *, stride: int | None = None, labels: bool = True,
+        dtype: Any = "int64", columns: Sequence[str] | None = None,
+    ) -> TokenWindows:
+        """Windows as ``Dataset.windows``; each per-token field of the format
+        (``fields``) is a ``[B, seq_len]`` column aligned with ``input_ids``."""
+        if not self._field_sets:
+            return super().windows(seq_len, stride=stride, labels=labels, dtype=dtype,
+                                   columns=columns)
+        return _FieldWindows(self, seq_len, stride=stride, labels=labels, dtype=dtype,
+                             columns=columns)
+
+    def documents(self, *, max_len: int | None = None, dtype: Any = "int64") -> Documents:
+        """Documents as ``Dataset.documents``, with each per-token field jagged."""
+        if not self._field_sets:
+            return super().documents(max_len=max_len, dtype=dtype)
+        return _FieldDocuments(self, max_len=max_len, dtype=dtype)
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The per-token fields read from files of their own (e.g. ``loss_mask``)."""
+        return tuple(self._field_sets)
+
+    def close(self) -> None:
+        for field in self._field_sets.values():
+            field.close()
+        super().close()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return _reopen, (type(self._files), self._files.location, self._files.options)
@@ -236,6 +271,62 @@ class PeerDataset(Dataset):
                 ("tokens", f"{self.num_tokens:,}"), ("documents", f"{self.num_documents:,}"),
                 *self._files.facts()]
         return format_table(rows)
+
+
+class _FieldFiles(PeerFiles):
+    """One per-token field of ``parent`` as a token array of its own (same
+    shards, records and documents; the field's files in place of the tokens)."""
+
+    def __init__(self, parent: PeerFiles, name: str) -> None:
+        super().__init__(parent.location, {})
+        dtype, names = parent.fields[name]
+        self.format = f"{parent.format}:{name}"
+        self.dtype = dtype
+        self.shards = tuple(PeerShard(file, 0, s.records, s.documents, s.boundary)
+                            for s, file in zip(parent.shards, names, strict=True))
+        self._parent = parent
+
+    def docs(self, shard: int) -> np.ndarray:
+        return self._parent.docs(shard)
+
+    def problems(self) -> list[Problem]:
+        return []
+
+
+class _FieldWindows(TokenWindows):
+    """``TokenWindows`` plus the dataset's per-token field columns."""
+
+    _ds: PeerDataset
+
+    def _window_columns(self) -> tuple[str, ...]:
+        return (*super()._window_columns(), *self._ds._field_sets)
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        batch = super().read(indices)
+        wanted = [name for name in self._ds._field_sets if name in self._columns]
+        if not wanted:
+            return batch
+        columns = dict(batch.to_numpy())
+        for name in wanted:
+            field = self._ds._field_sets[name].windows(
+                self._seq_len, stride=self._stride, labels=self._labels, dtype="stored",
+                columns=["input_ids"])
+            columns[name] = field.read(indices)["input_ids"]
+        return Batch.from_columns(columns, batch.meta)
+
+
+class _FieldDocuments(Documents):
+    """``Documents`` plus the dataset's per-token fields, jagged."""
+
+    _ds: PeerDataset
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        batch = super().read(indices)
+        columns = dict(batch.to_numpy())
+        for name, field in self._ds._field_sets.items():
+            columns[name] = field.documents(max_len=self._max_len, dtype="stored").read(
+                indices)["input_ids"]
+        return Batch.from_columns(columns, batch.meta)
 
 
 def _reopen(kind: type[PeerFiles], location: Location, options: dict[str, Any]) -> PeerDataset:

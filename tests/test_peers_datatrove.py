@@ -1,0 +1,140 @@
+"""datatrove .ds files read in place: written by datatrove's own TokenizedFile
+(2- and 4-byte tokens, index, loss mask, metadata), compared with its own
+DatatroveFileDataset / DatatroveFolderDataset."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _peers import check_against, check_each_once
+from datatrove.pipeline.tokens.tokenizer import TokenizedFile
+from datatrove.utils.dataset import DatatroveFileDataset, DatatroveFolderDataset
+
+from zerobatch import FormatError, open_dataset
+from zerobatch.peers import PeerDataset
+
+
+def _write(folder, name, rng, documents, token_size, *, loss=True, metadata=True):
+    file = TokenizedFile(str(folder), name, save_loss_metadata=loss, token_size=token_size,
+                         save_final_metadata=metadata, tokenizer_name_or_path="gpt2|test")
+    vocab = 60_000 if token_size == 2 else 200_000
+    for _ in range(documents):
+        tokens = rng.integers(0, vocab, int(rng.integers(1, 30))).tolist()
+        file.write(tokens, rng.random(len(tokens)) < 0.7 if loss else None)
+    file.close()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    rng = np.random.default_rng(11)
+    out = {}
+    for size in (2, 4):
+        folder = tmp_path_factory.mktemp(f"ds{size}")
+        for i, count in enumerate((40, 25)):
+            _write(folder, f"00{i}_tokenized.ds", rng, count, size)
+        out[size] = folder
+    return out
+
+
+def _reference(folder):
+    """Tokens, documents and loss bytes, from the files datatrove wrote."""
+    tokens, documents, losses = [], [], []
+    for path in sorted(folder.glob("*.ds")):
+        size = int((folder / (path.name + ".metadata")).read_text().split("\n")[0]
+                   .rpartition("|")[2])
+        values = np.fromfile(path, "<u2" if size == 2 else "<u4")
+        ends = np.fromfile(str(path) + ".index", "<u8").astype(np.int64)
+        documents += np.split(values, ends[:-1])
+        tokens.append(values)
+        losses.append(np.fromfile(str(path) + ".loss", np.uint8))
+    return np.concatenate(tokens), documents, np.concatenate(losses)
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_windows_documents_and_loss_mask(folders, size):
+    folder = folders[size]
+    tokens, documents, loss = _reference(folder)
+    with open_dataset(folder) as ds:
+        assert isinstance(ds, PeerDataset) and ds.format == "datatrove"
+        assert ds.manifest.record_dtype.itemsize == size
+        assert ds.fields == ("loss_mask",) and ds.verify() == []
+        check_against(ds, tokens, documents)
+        check_each_once(ds)
+        windows = ds.windows(6, stride=4)
+        batch = windows.read([0, 5, 2])
+        at = np.array([0, 5, 2])[:, None] * 4 + np.arange(6)
+        np.testing.assert_array_equal(batch["loss_mask"], loss[at])
+        docs = ds.documents().read([3, 0])
+        starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])
+        for got, d in zip(docs["loss_mask"], (3, 0), strict=True):
+            np.testing.assert_array_equal(np.asarray(got), loss[starts[d]:starts[d + 1]])
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_windows_equal_datatroves_own_reader(folders, size):
+    """datatrove's items are windows of seq_len + 1 tokens at a stride of
+    seq_len + 1 inside each file: ours with that stride, at the same tokens."""
+    folder, seq_len = folders[size], 9
+    reference = DatatroveFolderDataset(str(folder), seq_len, token_size=size,
+                                       return_positions=True)
+    files = sorted(folder.glob("*.ds"))
+    firsts = np.cumsum([0] + [p.stat().st_size // size for p in files])
+    with open_dataset(folder) as ds:
+        windows = ds.windows(seq_len, stride=1)
+        for f, path in enumerate(files):
+            one = DatatroveFileDataset(str(path), seq_len, token_size=size)
+            for item in range(len(one)):
+                index = int(firsts[f]) + item * (seq_len + 1)
+                got = windows.read([index])
+                want = reference[int(reference.lens[f]) + item]
+                row = np.append(got["input_ids"][0], got["labels"][0][-1])
+                np.testing.assert_array_equal(row, want["input_ids"].numpy())
+                np.testing.assert_array_equal(got["position_ids"][0],
+                                              want["positions"].numpy()[:seq_len])
+    with open_dataset(files[1]) as one_file:
+        assert one_file.num_tokens == files[1].stat().st_size // size
+
+
+def test_token_size_from_sizes_and_option(tmp_path):
+    rng = np.random.default_rng(2)
+    _write(tmp_path, "a.ds", rng, 5, 4, loss=False, metadata=False)
+    with open_dataset(tmp_path) as ds:
+        assert ds.manifest.record_dtype == np.dtype("<u4") and ds.fields == ()
+    with pytest.raises(FormatError, match="ambiguous"):
+        open_dataset(tmp_path, format="datatrove", token_size=2)
+
+
+def test_hostile_files(folders, tmp_path):
+    import shutil
+
+    folder = tmp_path / "d"
+    shutil.copytree(folders[2], folder)
+    first = sorted(folder.glob("*.ds"))[0]
+    index = first.with_name(first.name + ".index")
+    loss = first.with_name(first.name + ".loss")
+    raw = index.read_bytes()
+    index.write_bytes(raw[:-3])
+    with pytest.raises(FormatError, match="whole number") as error:
+        open_dataset(folder)
+    assert error.value.path.endswith(".ds.index")
+    index.write_bytes(raw[:-8])
+    with pytest.raises(FormatError, match="does not match"):
+        open_dataset(folder)
+    ends = np.frombuffer(raw, "<u8").copy()
+    ends[3] = ends[-1] + 5  # past the end, the last entry intact
+    index.write_bytes(ends.tobytes())
+    with open_dataset(folder) as ds:
+        with pytest.raises(FormatError, match="ends"):
+            ds.documents().read([0])
+        assert [p.field for p in ds.verify()] == ["ends"]
+    index.write_bytes(raw)
+    loss.write_bytes(loss.read_bytes()[:-1])
+    with pytest.raises(FormatError, match="one byte per token"):
+        open_dataset(folder)
+    loss.unlink()
+    with pytest.raises(FormatError, match="missing"):
+        open_dataset(folder)
+    meta = first.with_name(first.name + ".metadata")
+    meta.write_text("gpt2|7\n10")
+    with pytest.raises(FormatError, match="token_size"):
+        open_dataset(folder, format="datatrove")
