@@ -5,7 +5,7 @@ Both formats: ``N`` (u64 little-endian), ``N`` header bytes padded with spaces
 to a multiple of 8, then the tensors' bytes, little-endian, C order, packed
 back to back from offset 0. bintensors encodes the header with bincode,
 safetensors with JSON; readers tell them apart by the header's first byte.
-See ``docs/FORMAT.md`` for every byte.
+:mod:`zerobatch.tensors.format` is the spec (``docs/FORMAT.md`` mirrors it).
 
 Example (the bytes equal ``bintensors.numpy.save`` of the same input)::
 
@@ -37,18 +37,19 @@ from zerobatch.tensors._api import (
     save_file,
     save_with_checksum,
 )
-from zerobatch.tensors._describe import describe, is_tensor_file
-from zerobatch.tensors._errors import SafetensorError, SliceError, TensorNotFound
-from zerobatch.tensors._header import (
+from zerobatch.tensors._dropin import TensorSpec, deserialize, serialize, serialize_file
+from zerobatch.tensors._open import TensorSlice, describe, is_tensor_file, safe_open
+from zerobatch.tensors.format import (
     BINTENSORS,
     HEADER_LIMIT,
     METADATA_LIMIT,
     SAFETENSORS,
     Header,
+    SafetensorError,
+    SliceError,
     TensorInfo,
+    TensorNotFound,
 )
-from zerobatch.tensors._open import TensorSlice, safe_open
-from zerobatch.tensors._specs import TensorSpec, deserialize, serialize, serialize_file
 
 __all__ = [
     "BINTENSORS",

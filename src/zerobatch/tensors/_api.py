@@ -1,4 +1,5 @@
-"""save / load for bytes and files, and checksums."""
+"""The paired functions of both formats: ``save``/``load`` for bytes,
+``save_file``/``load_file`` for paths (and object-store URLs), checksums."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from zerobatch.tensors import _to_numpy
-from zerobatch.tensors._arrays import plan
-from zerobatch.tensors._format import encode_header, read_header
-from zerobatch.tensors._header import BINTENSORS
-from zerobatch.tensors._open import adapter, safe_open
-from zerobatch.tensors._write import write_atomic
+from zerobatch.tensors._frameworks import adapter, view
+from zerobatch.tensors._open import safe_open
+from zerobatch.tensors._write import plan, write_atomic
+from zerobatch.tensors.format import BINTENSORS, encode_header, read_header
 
 __all__ = ["checksum", "load", "load_file", "save", "save_file", "save_with_checksum"]
 
@@ -69,7 +68,7 @@ def load(data: bytes | bytearray, framework: str = "np") -> dict[str, Any]:
     rows = [header.index[name] for name in header.offset_order()]
     return {
         header.names[row]: chosen.convert(
-            _to_numpy.view(data, header, row, path=None, packed=chosen.PACKED), "cpu")
+            view(data, header, row, path=None, packed=chosen.packed), "cpu")
         for row in rows
     }
 

@@ -1,52 +1,41 @@
-"""``safe_open``: a tensor file's header parsed once, tensors handed out lazily."""
+"""Reading a tensor file: ``safe_open`` parses and checks the header once and
+hands tensors out lazily; ``describe`` and ``is_tensor_file`` serve
+``zerobatch inspect``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 import numpy as np
 
-from zerobatch.tensors import _to_jax, _to_numpy, _to_torch
-from zerobatch.tensors._errors import SafetensorError, TensorNotFound
-from zerobatch.tensors._format import read_header_at
-from zerobatch.tensors._header import Header
+from zerobatch._text import format_table
+from zerobatch.errors import FormatError
+from zerobatch.tensors._frameworks import Adapter, adapter, view
 from zerobatch.tensors._source import Source, open_source
+from zerobatch.tensors.format import (
+    LENGTH_SIZE,
+    Header,
+    SafetensorError,
+    TensorNotFound,
+    detect,
+    read_header_at,
+)
 
-__all__ = ["TensorSlice", "adapter", "safe_open"]
-
-_ADAPTERS: dict[str, ModuleType] = {
-    "np": _to_numpy,
-    "numpy": _to_numpy,
-    "pt": _to_torch,
-    "torch": _to_torch,
-    "jax": _to_jax,
-    "flax": _to_jax,
-}
-
-
-def adapter(framework: str) -> ModuleType:
-    """The module that converts NumPy views for ``framework``."""
-    if not isinstance(framework, str):
-        raise TypeError(f"argument 'framework': expected str, not {type(framework).__name__}")
-    try:
-        return _ADAPTERS[framework]
-    except KeyError:
-        known = sorted(_ADAPTERS)
-        raise SafetensorError(f"framework must be one of {known}, got {framework!r}",
-                              field="framework") from None
+__all__ = ["TensorSlice", "describe", "is_tensor_file", "safe_open"]
 
 
 class TensorSlice:
     """One tensor, not yet sliced: index it to get just that part in the
     file's framework. Accepts what safetensors 0.8.0 accepts: for ``"pt"``,
     torch's indexing; for NumPy and JAX, ints, slices with positive steps and
-    one ``...`` (see ``_slicing``), refusing the rest with :class:`SliceError`.
+    one ``...`` (see ``_frameworks``), refusing the rest with :class:`SliceError`.
     Stays usable after the file is closed."""
 
     def __init__(self, array: np.ndarray[Any, Any], shape: tuple[int, ...], dtype: str,
-                 framework: ModuleType, device: str | int, *, path: object, name: str
+                 framework: Adapter, device: str | int, *, path: object, name: str
                  ) -> None:
         self._array = array
         self._shape = shape
@@ -96,7 +85,7 @@ class safe_open:
                  ) -> None:
         self._adapter = adapter(framework)
         self._device = self._adapter.check_device(device)
-        self._source: Source | None = open_source(filename, backend, self._adapter.ACCESS,
+        self._source: Source | None = open_source(filename, backend, self._adapter.access,
                                                   storage_options)
         self._path = self._source.label
         try:
@@ -160,8 +149,8 @@ class safe_open:
         header = self._header
         begin = header.data_start + int(header.begins[row])
         buffer, offset = self._open().span(begin, header.data_start + int(header.ends[row]))
-        return _to_numpy.view(buffer, header, row, path=self._path, offset=offset,
-                              packed=self._adapter.PACKED)
+        return view(buffer, header, row, path=self._path, offset=offset,
+                    packed=self._adapter.packed)
 
     def get_tensor(self, name: str) -> Any:
         """The whole tensor ``name`` (zero-copy on the CPU with ``backend="mmap"``)."""
@@ -177,3 +166,43 @@ class safe_open:
         info = self._header.info(row)
         return TensorSlice(self._array(row), info.shape, info.dtype, self._adapter,
                            self._device, path=self._path, name=name)
+
+
+def is_tensor_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a file whose first bytes look like bintensors or
+    safetensors (a plausible header length and first header byte). Reads 9 bytes."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as file:
+        prefix = file.read(LENGTH_SIZE + 1)
+        size = os.fstat(file.fileno()).st_size
+    try:
+        detect(prefix, size, path=path)
+    except FormatError:
+        return False
+    return True
+
+
+def describe(path: str | os.PathLike[str]) -> str:
+    """A table of the file's tensors (name, dtype, shape, byte offsets relative
+    to the data section, bytes), in file order, after its format, sizes and
+    metadata. Raises :class:`FormatError` for a malformed file."""
+    with safe_open(path, "np") as file:
+        header = file.header
+        size = os.path.getsize(path)
+        lines = [
+            f"{os.fspath(path)}: {header.format}, {size} bytes, header {header.data_start} bytes "
+            f"(with the 8-byte length), {len(header.names)} tensors",
+        ]
+        metadata = file.metadata()
+        if metadata is None:
+            lines.append("metadata: none")
+        else:
+            lines.append(f"metadata: {len(metadata)} entries")
+            lines.extend(f"  {key!r}: {value!r}" for key, value in sorted(metadata.items()))
+        rows = [["name", "dtype", "shape", "begin", "end", "bytes"]]
+        for name in file.offset_keys():
+            info = header.info(header.index[name])
+            rows.append([name, info.dtype, str(list(info.shape)), str(info.begin), str(info.end),
+                         str(info.end - info.begin)])
+    return "\n".join([*lines, format_table(rows)])

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from zerobatch.errors import FormatError
 from zerobatch.storage.url import is_url
-from zerobatch.tensors._errors import SafetensorError
+from zerobatch.tensors.format import SafetensorError
 
 __all__ = ["BACKENDS", "Source", "open_source"]
 

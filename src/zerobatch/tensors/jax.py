@@ -12,11 +12,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from zerobatch.tensors._dropin import Framework
-from zerobatch.tensors._errors import SafetensorError
-from zerobatch.tensors._header import SAFETENSORS
+from zerobatch.tensors._dropin import DropIn, TensorSpec, deserialize, serialize, serialize_file
 from zerobatch.tensors._open import safe_open
-from zerobatch.tensors._specs import TensorSpec, deserialize, serialize, serialize_file
+from zerobatch.tensors.format import SAFETENSORS, SafetensorError
 
 __all__ = [
     "SafetensorError",
@@ -31,7 +29,7 @@ __all__ = [
     "serialize_file",
 ]
 
-_JAX = Framework("jax", "tensors", "a jax.Array",
+_JAX = DropIn("jax", "tensors", "a jax.Array",
                  lambda a: hasattr(a, "dtype") and hasattr(a, "shape"))
 
 

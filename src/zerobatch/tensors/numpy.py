@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from zerobatch.tensors._dropin import Framework
-from zerobatch.tensors._errors import SafetensorError
-from zerobatch.tensors._header import SAFETENSORS
+from zerobatch.tensors._dropin import DropIn, TensorSpec, deserialize, serialize, serialize_file
 from zerobatch.tensors._open import safe_open
-from zerobatch.tensors._specs import TensorSpec, deserialize, serialize, serialize_file
+from zerobatch.tensors.format import SAFETENSORS, SafetensorError
 
 __all__ = [
     "SafetensorError",
@@ -36,7 +34,7 @@ __all__ = [
     "serialize_file",
 ]
 
-_NUMPY = Framework("np", "tensor_dict", "a numpy.ndarray", lambda a: isinstance(a, np.ndarray))
+_NUMPY = DropIn("np", "tensor_dict", "a numpy.ndarray", lambda a: isinstance(a, np.ndarray))
 
 
 def save(tensor_dict: Mapping[str, np.ndarray[Any, Any]],
