@@ -118,6 +118,22 @@ def _output_object(output: Any, deprecated: dict[str, Any]) -> Any:
     raise ValueError(f"{' and '.join(sorted(given))} need {needs}")
 
 
+def _then_torch(collate: Callable[[Batch], Any], pin_memory: bool,
+                device: Any) -> Callable[[Batch], Any]:
+    """``collate``, then its tensors pinned and moved to ``device``."""
+    import torch
+
+    pin_memory = pin_memory and torch.cuda.is_available()
+
+    def move(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            value = value.pin_memory() if pin_memory else value
+            return value if device is None else value.to(device, non_blocking=pin_memory)
+        return value
+
+    return lambda batch: {name: move(v) for name, v in collate(batch).items()}
+
+
 class Loader:
     """Iterate ``source`` in batches of ``batch_size`` for this rank, reading ahead.
 
@@ -203,8 +219,14 @@ class Loader:
         if origin != "arguments" and not _logged_rank_source:
             _log.info("zerobatch Loader: rank %d of %d from %s", rank, world_size, origin)
             _logged_rank_source = True
-        self._plan = Plan(len(source), batch_size, world_size=world_size, seed=seed,
-                          shuffle=shuffle, drop_last=drop_last, block_size=block_size)
+        bind = getattr(source, "bind_plan", None)
+        if callable(bind):  # a source with its own plan (packed rows), bound to our order
+            self._plan, source = bind(batch_size, world_size=world_size, seed=seed,
+                                      shuffle=shuffle, drop_last=drop_last,
+                                      block_size=block_size)
+        else:
+            self._plan = Plan(len(source), batch_size, world_size=world_size, seed=seed,
+                              shuffle=shuffle, drop_last=drop_last, block_size=block_size)
         self._rank = self._plan.check_rank(rank)
         self._source = source
         self._prefetch = prefetch
@@ -317,7 +339,7 @@ class Loader:
         self._refresh_rank()
         self._stale = None  # iterated itself: its position moves
         self._began = True
-        if self._plan.steps(0) == 0:
+        if not self._plan.has_step(0, self.epoch):
             raise ValueError(
                 f"the source has {self._plan.length} observations, fewer than one step of "
                 f"batch_size * world_size = {self._plan.step_size}; lower batch_size or "
@@ -356,6 +378,14 @@ class Loader:
 
     def _converter(self) -> Callable[[Batch], Any]:
         """The bound output (and :attr:`_placement`), made on first use."""
+        collate = getattr(self._source, "collate", None)
+        if self._convert is None and callable(collate):
+            # a source with a collation of its own (packed rows: the varlen contract)
+            if self._output in ("torch", "numpy"):
+                self._convert = functools.partial(collate, output=self._output)
+            elif hasattr(self._output, "pin_memory") and hasattr(self._output, "device"):
+                self._convert = _then_torch(functools.partial(collate, output="torch"),
+                                            self._output.pin_memory, self._output.device)
         if self._convert is None:
             if not isinstance(self._output, str):
                 convert = self._output.bind(self._plan, self._source)

@@ -146,6 +146,11 @@ class Plan:
             return left // self.step_size
         return -(-left // self.step_size)
 
+    def has_step(self, consumed: int, epoch: int = 0) -> bool:
+        """Whether ``epoch`` has a step starting at ``consumed`` (the same for
+        every epoch here; a :class:`zerobatch.packing.PackedPlan`'s epochs differ)."""
+        return self.steps(consumed) > 0
+
     def end(self, consumed: int = 0) -> int:
         """The position after the epoch's last step from ``consumed`` (positions
         from there to ``length`` are the dropped tail)."""
@@ -161,7 +166,7 @@ class Plan:
         """The (epoch, consumed) after the step starting at ``consumed``: the next
         epoch's start once this epoch has no step left."""
         consumed = min(consumed + self.step_size, self.length)
-        return (epoch + 1, 0) if self.steps(consumed) == 0 else (epoch, consumed)
+        return (epoch, consumed) if self.has_step(consumed, epoch) else (epoch + 1, 0)
 
     def advance(self, epoch: int, consumed: int, steps: int) -> tuple[int, int]:
         """The (epoch, consumed) ``steps`` steps after the step ``(epoch, consumed)``
@@ -237,6 +242,20 @@ class Plan:
         padding = np.zeros(self.batch_size, dtype=np.bool_)
         padding[max(0, -(-(int(self.length) - first) // self.world_size)):] = True
         return padding
+
+
+    def iter_rank_steps(self, rank: int, epoch: int, consumed: int,
+                        epochs: int | None) -> Iterator[Planned]:
+        """:func:`rank_steps` of this plan (a subclass may walk its own way)."""
+        return rank_steps(self, rank, epoch, consumed, epochs)
+
+    def cursor_state(self, epoch: int, consumed: int) -> dict[str, Any]:
+        """Keys a state needs besides ``(epoch, consumed)`` to resume in O(1)
+        (none here; packed rows add their window)."""
+        return {}
+
+    def restore_cursor(self, epoch: int, consumed: int, state: dict[str, Any]) -> None:
+        """Take :meth:`cursor_state`'s keys back from a state (nothing here)."""
 
 
 Planned = tuple[tuple[int, int], tuple[int, int], npt.NDArray[np.int64], npt.NDArray[np.bool_]]
@@ -321,7 +340,7 @@ class Position:
     def planned(self, epochs: int | None, rank: int) -> Iterator[Planned]:
         """:meth:`steps` with rank ``rank``'s indices (:func:`rank_steps`), each
         with the step after it, where the position moves once it is received."""
-        return rank_steps(self.plan, rank, self.epoch, self.consumed, epochs)
+        return self.plan.iter_rank_steps(rank, self.epoch, self.consumed, epochs)
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able: version, seed, epoch, consumed (global positions, the same
@@ -336,6 +355,7 @@ class Position:
             "shuffle": plan.shuffle,
             "block_size": plan.block_size,
             "fingerprint": self.fingerprint,
+            **plan.cursor_state(self.epoch, self.consumed),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -361,11 +381,16 @@ class Position:
         epoch, consumed = state.get("epoch"), state.get("consumed")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"state has epoch={epoch!r}; expected an int >= 0")
-        if (isinstance(consumed, bool) or not isinstance(consumed, int)
-                or not 0 <= consumed <= self.plan.length):
+        if isinstance(consumed, bool) or not isinstance(consumed, int):
             raise ValueError(f"state has consumed={consumed!r}; expected an int in "
                              f"[0, {self.plan.length}]")
-        return (epoch + 1, 0) if self.plan.steps(consumed) == 0 else (epoch, consumed)
+        try:
+            self.plan.check_consumed(consumed)
+        except ValueError:
+            raise ValueError(f"state has consumed={consumed!r}; expected an int in "
+                             f"[0, {self.plan.length}]") from None
+        self.plan.restore_cursor(epoch, consumed, state)
+        return (epoch, consumed) if self.plan.has_step(consumed, epoch) else (epoch + 1, 0)
 
 
 def _steps(plan: Plan, epoch: int, consumed: int, last: int | None) -> Iterator[tuple[int, int]]:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from itertools import compress
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -54,6 +54,9 @@ from zerobatch.stream.npy import NpyTokens, is_npy_folder, open_npy
 from zerobatch.stream.ranged import IndexView, RangedIndex
 from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 from zerobatch.stream.spans import Spans, SpanTable
+
+if TYPE_CHECKING:
+    from zerobatch.packing import PackedRows
 
 __all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
 
@@ -684,6 +687,24 @@ class Documents:
 
     def __repr__(self) -> str:
         return f"Documents(max_len={self._max_len}, len={len(self)})"
+
+    def lengths(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> npt.NDArray[np.int64]:
+        """Tokens of each document of ``indices`` (at most ``max_len``), from the
+        document offsets alone: no token is read. O(len(indices))."""
+        idx = _indices(indices)
+        _, offsets, bad, code, shard = self._ds._plan_documents(idx, self._max_len or 0)
+        if bad >= 0:
+            raise IndexError(f"document {int(idx[bad])} is out of range for {len(self)}")
+        self._ds._check(code, shard)
+        return np.diff(offsets)
+
+    def packed(self, seq_len: int, **options: Any) -> PackedRows:
+        """These documents packed into rows of at most ``seq_len`` tokens
+        (``zerobatch.packing.PackedRows``: ``window``, ``policy``, ``labels``,
+        ``loss_mask``, ``loss_spans``, ...)."""
+        from zerobatch.packing import PackedRows
+
+        return PackedRows(self, seq_len, **options)
 
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The documents at ``indices`` (``0 <= i < len``, any order, repeats

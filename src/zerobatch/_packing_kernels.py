@@ -1,0 +1,190 @@
+"""Numba kernels of ``zerobatch.packing``: pieces, best-fit decreasing, row filling.
+
+Kernels never raise: they return what the Python caller checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_rows",
+           "make_pieces", "pack_window", "reorder_rows"]
+
+TRUNCATE, SPLIT, DROP = 0, 1, 2
+POLICIES = {"truncate": TRUNCATE, "split": SPLIT, "drop": DROP}
+
+# stats of a window, in this order (see packing.WindowStats)
+_STATS = 7
+
+
+@njit(cache=True, nogil=True)
+def make_pieces(lengths: np.ndarray, seq_len: int, policy: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The pieces of the documents of ``lengths`` under ``policy``: (doc, start,
+    length) per piece, documents in order, and stats ``[dropped documents,
+    dropped tokens, cut documents (truncated or split), tokens placed]``."""
+    n = lengths.shape[0]
+    count = 0
+    for j in range(n):
+        length = lengths[j]
+        if length <= seq_len:
+            count += 1 if length > 0 else 0
+        elif policy == SPLIT:
+            count += (length + seq_len - 1) // seq_len
+        elif policy == TRUNCATE:
+            count += 1
+    doc = np.empty(count, np.int64)
+    start = np.empty(count, np.int64)
+    size = np.empty(count, np.int64)
+    stats = np.zeros(4, np.int64)
+    p = 0
+    for j in range(n):
+        length = lengths[j]
+        if length <= 0:
+            continue
+        if length <= seq_len:
+            doc[p], start[p], size[p] = j, 0, length
+            p += 1
+            stats[3] += length
+        elif policy == SPLIT:
+            at = 0
+            while at < length:
+                doc[p], start[p], size[p] = j, at, min(seq_len, length - at)
+                at += seq_len
+                p += 1
+            stats[2] += 1
+            stats[3] += length
+        elif policy == TRUNCATE:
+            doc[p], start[p], size[p] = j, 0, seq_len
+            p += 1
+            stats[1] += length - seq_len
+            stats[2] += 1
+            stats[3] += seq_len
+        else:
+            stats[0] += 1
+            stats[1] += length
+    return doc, start, size, stats
+
+
+@njit(cache=True, nogil=True)
+def best_fit_decreasing(size: np.ndarray, seq_len: int) -> tuple[np.ndarray, int]:
+    """Best-fit decreasing of pieces of ``size`` (each in ``[1, seq_len]``) into
+    rows of ``seq_len``: pieces go longest first (ties in input order) into the
+    open row with the least room that fits them (ties: the row that reached
+    that room last), else a new row. A segment tree over room sizes finds that
+    row in O(log seq_len). Returns each piece's row and the row count."""
+    n = size.shape[0]
+    # counting sort, longest first, stable
+    counts = np.zeros(seq_len + 2, np.int64)
+    for i in range(n):
+        counts[size[i]] += 1
+    first = np.empty(seq_len + 2, np.int64)
+    at = 0
+    for length in range(seq_len, 0, -1):
+        first[length] = at
+        at += counts[length]
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        order[first[size[i]]] = i
+        first[size[i]] += 1
+    leaves = 1
+    while leaves < seq_len + 1:
+        leaves *= 2
+    tree = np.zeros(2 * leaves, np.int64)  # open rows per room, summed over subtrees
+    head = np.full(seq_len + 1, -1, np.int64)  # room -> last row with that room
+    below = np.empty(n, np.int64)  # row -> the next row with the same room
+    row_of = np.empty(n, np.int64)
+    rows = 0
+    for k in range(n):
+        piece = order[k]
+        length = size[piece]
+        # the smallest room >= length with an open row
+        i = length + leaves
+        room = -1
+        if tree[i] > 0:
+            room = length
+        else:
+            while i > 1:
+                if i % 2 == 0 and tree[i + 1] > 0:
+                    i += 1
+                    break
+                i //= 2
+            if i > 1:
+                while i < leaves:
+                    i = 2 * i if tree[2 * i] > 0 else 2 * i + 1
+                room = i - leaves
+        if room < 0:
+            row = rows
+            rows += 1
+            left = seq_len - length
+        else:
+            row = head[room]
+            head[room] = below[row]
+            j = room + leaves
+            while j >= 1:
+                tree[j] -= 1
+                j //= 2
+            left = room - length
+        row_of[piece] = row
+        if left > 0:
+            below[row] = head[left]
+            head[left] = row
+            j = left + leaves
+            while j >= 1:
+                tree[j] += 1
+                j //= 2
+    return row_of, rows
+
+
+@njit(cache=True, nogil=True)
+def reorder_rows(row_of: np.ndarray, rows: int, rank: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Pieces grouped by row, row ``r`` of the output being packed row
+    ``rank[r]``, pieces in input order within a row: (piece order, row offsets)."""
+    n = row_of.shape[0]
+    where = np.empty(rows, np.int64)  # packed row -> output row
+    for r in range(rows):
+        where[rank[r]] = r
+    offsets = np.zeros(rows + 1, np.int64)
+    for p in range(n):
+        offsets[where[row_of[p]] + 1] += 1
+    for r in range(rows):
+        offsets[r + 1] += offsets[r]
+    fill = offsets[:-1].copy()
+    order = np.empty(n, np.int64)
+    for p in range(n):
+        r = where[row_of[p]]
+        order[fill[r]] = p
+        fill[r] += 1
+    return order, offsets
+
+
+def pack_window(lengths: np.ndarray, seq_len: int, policy: int, rank: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Pack one window: (doc, start, size) per piece grouped by row, the row
+    offsets, and the stats of :func:`make_pieces`. ``rank`` permutes the rows
+    (None: packing order); it must be a permutation of the row count, which
+    the caller learns from a first call with ``rank=None`` -- see packing."""
+    doc, start, size, stats = make_pieces(lengths, seq_len, policy)
+    row_of, rows = best_fit_decreasing(size, seq_len)
+    if rank is None:
+        rank = np.arange(rows, dtype=np.int64)
+    order, offsets = reorder_rows(row_of, rows, rank)
+    return doc[order], start[order], size[order], offsets, stats
+
+
+@njit(cache=True, nogil=True)
+def fill_rows(values: np.ndarray, offsets: np.ndarray, start: np.ndarray, size: np.ndarray,
+              row_offsets: np.ndarray, out: np.ndarray) -> None:
+    """Row ``b`` of ``out`` gets pieces ``row_offsets[b]:row_offsets[b + 1]``
+    back to back: piece ``p`` is ``values[offsets[p] + start[p]:][:size[p]]``
+    (``offsets``: where piece ``p``'s document starts in ``values``); the rest
+    of the row is left as it is."""
+    for b in range(row_offsets.shape[0] - 1):
+        at = 0
+        for p in range(row_offsets[b], row_offsets[b + 1]):
+            begin = offsets[p] + start[p]
+            for i in range(size[p]):
+                out[b, at + i] = values[begin + i]
+            at += size[p]

@@ -1,0 +1,661 @@
+"""Documents packed into rows of ``seq_len`` tokens, online, exactly and resumably.
+
+``open_dataset(path).documents().packed(seq_len)`` is a :class:`PackedRows`
+source: rows of at most ``seq_len`` tokens, each holding several documents
+back to back (then padding), read by the :class:`~zerobatch.Loader` with the
+varlen contract (:mod:`zerobatch.varlen`).
+
+How rows come about (a pure function of the data, ``seed``, ``epoch`` and the
+packing options; identical on every rank, run and thread count):
+
+1. The epoch's *document order* is ``Feistel(documents, epoch_seed(seed,
+   epoch))`` (the identity with ``shuffle=False``): the same order the plan
+   gives a ``Documents`` source.
+2. The order is cut into *windows* of ``window`` consecutive documents (the
+   last one shorter). Window ``w`` holds order positions ``[w * window,
+   (w + 1) * window)``.
+3. A window's documents become *pieces* by the long-document ``policy``: a
+   document of ``n <= seq_len`` tokens is one piece; a longer one is cut to
+   its first ``seq_len`` tokens (``"truncate"``: the rest is counted as
+   dropped), cut into ``ceil(n / seq_len)`` pieces of ``seq_len`` tokens and
+   a remainder (``"split"``), or skipped and counted (``"drop"``).
+4. Best-fit decreasing packs the window's pieces into rows (longest first,
+   each into the fullest row it fits, O(n log seq_len)). A piece is a
+   segment of its row: ``position_ids`` restart at each piece.
+5. With ``shuffle`` the window's rows are read in the order of a Feistel
+   permutation seeded by the epoch's seed and ``w`` (best-fit decreasing
+   leaves long pieces in the first rows, short ones at the end), else in
+   packing order.
+
+The epoch's *rows* are window 0's rows, then window 1's, and so on. They are
+the observations the plan counts: a step takes ``batch_size * world_size``
+consecutive rows and rank ``r`` reads rows ``consumed + r + world_size * k``,
+exactly as :class:`zerobatch.plan.Plan` splits positions. Packing happens on
+the global order before that split, so every rank sees the same rows and runs
+the same number of steps; each rank reads only its own rows' documents.
+
+State (:class:`PackedPlan`): the Loader's one ``Position``, whose ``consumed``
+counts rows received this epoch, plus ``window_documents`` (documents of the
+order before the current window, a multiple of ``window``) and
+``window_rows`` (rows of that window received). Resuming re-packs that one
+window and goes on; nothing lives only in memory, the state is O(1), and
+another ``world_size`` or ``batch_size`` continues the same rows. The
+epoch's row count is learned as the windows are packed: the last step is
+found when the last window is, so no length is estimated and no rank waits.
+``len()`` of the source and of a Loader over it packs every window of the
+epoch (O(documents), tens of milliseconds per million documents).
+
+Row ids (``Batch.meta`` indices, what ``read`` takes): ``epoch << 46 | window
+<< 23 | row``; at most 2**17 epochs, 2**23 windows and 2**23 rows a window.
+With ``drop_last=False`` the last step is filled with the first rows of the
+epoch's first window (marked in the ``padding`` column; their labels are all
+-100), so an evaluation pass takes every document exactly once.
+
+Losses: a per-token field (``loss_mask="field"``, nonzero = take the loss)
+or spans of a kind (``loss_spans="assistant"``: spans whose value is that
+string, or a dict with that ``"kind"``) mask the labels (see
+:mod:`zerobatch.varlen` for both label conventions).
+
+Each epoch's padding and dropped tokens are logged (logger
+``zerobatch.packing``, INFO) when its last window is packed, and returned by
+:meth:`PackedRows.describe`. Immutable apart from caches guarded by a lock:
+thread-safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from zerobatch import _packing_kernels as pk
+from zerobatch.columnar import Batch, BatchMeta, Jagged
+from zerobatch.plan import Plan, Planned, epoch_seed
+from zerobatch.shuffle import Feistel
+from zerobatch.varlen import IGNORE_INDEX, LABEL_MODES, to_output, varlen_columns
+
+if TYPE_CHECKING:
+    from zerobatch.stream.reader import Documents
+
+__all__ = ["DEFAULT_WINDOW", "MIN_WINDOW", "POLICIES", "PackedPlan", "PackedRows"]
+
+DEFAULT_WINDOW = 8192
+"""Documents packed together by default: padding under 1% on lognormal
+conversations and code-like lengths (BENCHMARKS.md, packing)."""
+
+MIN_WINDOW = 8
+"""The smallest ``window``: fewer documents leave most rows half empty."""
+
+POLICIES = tuple(pk.POLICIES)
+
+_ROW_BITS = 23
+_WINDOW_BITS = 23
+_EPOCH_BITS = 64 - 1 - _ROW_BITS - _WINDOW_BITS
+_ROW_MASK = (1 << _ROW_BITS) - 1
+_WINDOW_MASK = (1 << _WINDOW_BITS) - 1
+_ROW_DOMAIN = 0x524F574F52444552  # "ROWORDER": the rows' order apart from the documents'
+_CACHED_WINDOWS = 16
+_CACHED_EPOCHS = 4
+_log = logging.getLogger("zerobatch.packing")
+
+
+@dataclass(frozen=True)
+class _Window:
+    """One packed window: pieces grouped by row (global document ids)."""
+
+    doc: npt.NDArray[np.int64]
+    start: npt.NDArray[np.int64]
+    size: npt.NDArray[np.int64]
+    row_offsets: npt.NDArray[np.int64]
+    stats: npt.NDArray[np.int64]  # see _STAT_NAMES
+
+    @property
+    def rows(self) -> int:
+        return int(self.row_offsets.shape[0] - 1)
+
+
+_STAT_NAMES = ("documents", "rows", "tokens", "dropped_documents", "dropped_tokens",
+               "cut_documents", "pieces")
+
+
+class _Walk:
+    """Where one epoch's windows start in its row order, learned forward from an
+    anchor (window ``first`` starts at row ``starts[0]``)."""
+
+    def __init__(self, first: int, start: int, windows: int) -> None:
+        self.first = first
+        self.starts = [start]
+        self.windows = windows
+        self.total: int | None = start if first >= windows else None
+
+
+class PackedRows:
+    """Rows of at most ``seq_len`` tokens packed from ``documents`` (module docstring).
+
+    Args:
+        documents: the source of documents (``open_dataset(p).documents()``).
+        seq_len: tokens per row (>= 1).
+        window: documents packed together (>= ``MIN_WINDOW``).
+        policy: documents longer than ``seq_len``: ``"split"`` into pieces,
+            ``"truncate"`` to their first ``seq_len`` tokens, or ``"drop"``.
+        labels: ``"shifted"`` (labels[i] = input_ids[i + 1]) or ``"aligned"``
+            (Hugging Face's: labels[i] = input_ids[i], the model shifts).
+        loss_mask: a per-token field of the dataset; tokens where it is 0 take no loss.
+        loss_spans: a span kind: only tokens inside such spans take the loss.
+        attention_mask: add ``attention_mask`` (1 on tokens, 0 on padding).
+        cu_seqlens_size: pad ``cu_seqlens`` to this static length.
+        pad_id: the token id of padding.
+        seed, shuffle: the document order of a ``read`` outside a Loader; a
+            Loader binds its own (:meth:`bind_plan`).
+
+    ``read(row_ids)`` returns a Batch of ``input_ids`` ``[B, seq_len]``,
+    ``seqlens`` (jagged: each row's segment lengths), ``doc_ids`` and
+    ``doc_starts`` (jagged: each segment's document and its first token in
+    that document) and, with a loss mask, ``loss_mask`` ``[B, seq_len]``
+    uint8; :meth:`collate` turns it into the varlen contract.
+    """
+
+    def __init__(
+        self, documents: Documents, seq_len: int, *, window: int = DEFAULT_WINDOW,
+        policy: Literal["split", "truncate", "drop"] = "split",
+        labels: Literal["shifted", "aligned"] = "shifted", loss_mask: str | None = None,
+        loss_spans: str | None = None, attention_mask: bool = False,
+        cu_seqlens_size: int | None = None, pad_id: int = 0, seed: int = 0,
+        shuffle: bool = True,
+    ) -> None:
+        for name, value, low in (("seq_len", seq_len, 1), ("window", window, MIN_WINDOW)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+            if value < low:
+                hint = (f"; windows of fewer than {MIN_WINDOW} documents leave rows mostly "
+                        f"empty (default {DEFAULT_WINDOW})" if name == "window" else "")
+                raise ValueError(f"{name} must be >= {low}, got {value}{hint}")
+        if int(window) > _WINDOW_MASK:
+            raise ValueError(f"window must be at most {_WINDOW_MASK}, got {window}")
+        if policy not in pk.POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if labels not in LABEL_MODES:
+            raise ValueError(f"labels must be one of {LABEL_MODES}, got {labels!r}")
+        if loss_mask is not None and loss_spans is not None:
+            raise ValueError("pass loss_mask= (a per-token field) or loss_spans= (a span "
+                             "kind), not both")
+        ds = documents._ds
+        if loss_mask is not None and loss_mask not in ds.manifest.fields:
+            raise ValueError(f"loss_mask={loss_mask!r} is not a per-token field of "
+                             f"{ds.path}; it has {sorted(ds.manifest.fields) or 'none'}")
+        if loss_spans is not None:
+            _check_span_kind(documents, loss_spans)
+        if cu_seqlens_size is not None and (
+                isinstance(cu_seqlens_size, bool) or not isinstance(cu_seqlens_size, int)
+                or cu_seqlens_size < 2):
+            raise ValueError(f"cu_seqlens_size must be an int >= 2 or None, got "
+                             f"{cu_seqlens_size!r}")
+        self._docs = documents
+        self.seq_len = int(seq_len)
+        self.window = int(window)
+        self.policy = policy
+        self.labels = labels
+        self.loss_mask = loss_mask
+        self.loss_spans = loss_spans
+        self.attention_mask = attention_mask
+        self.cu_seqlens_size = cu_seqlens_size
+        self.pad_id = pad_id
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self._documents = len(documents)
+        self._windows_per_epoch = -(-self._documents // self.window)
+        if self._windows_per_epoch > _WINDOW_MASK + 1:
+            raise ValueError(f"{self._documents} documents make more than 2**{_WINDOW_BITS} "
+                             f"windows of {self.window}; raise window")
+        self._lock = threading.RLock()
+        self._cache: OrderedDict[tuple[int, int], _Window] = OrderedDict()
+        self._walks: OrderedDict[int, _Walk] = OrderedDict()
+        self._stats: OrderedDict[int, np.ndarray] = OrderedDict()
+        self._logged: set[int] = set()
+
+    def _options(self) -> dict[str, Any]:
+        return {"window": self.window, "policy": self.policy, "labels": self.labels,
+                "loss_mask": self.loss_mask, "loss_spans": self.loss_spans,
+                "attention_mask": self.attention_mask, "cu_seqlens_size": self.cu_seqlens_size,
+                "pad_id": self.pad_id}
+
+    def with_order(self, seed: int, shuffle: bool) -> PackedRows:
+        """The same rows for another document order (a fresh cache)."""
+        return PackedRows(self._docs, self.seq_len, seed=seed, shuffle=shuffle,
+                          **self._options())
+
+    # -- the source protocol ----------------------------------------------------
+
+    def __len__(self) -> int:
+        """Rows of epoch 0 (packs every window: O(documents))."""
+        return self.rows(0)
+
+    @property
+    def documents(self) -> int:
+        """Documents in an epoch."""
+        return self._documents
+
+    @property
+    def fingerprint(self) -> str:
+        """The documents' fingerprint plus what decides the rows."""
+        return (f"{self._docs.fingerprint}:packed:{self.seq_len}:{self.window}:{self.policy}:"
+                f"{self.loss_mask}:{self.loss_spans}")
+
+    def __repr__(self) -> str:
+        return (f"PackedRows(seq_len={self.seq_len}, window={self.window}, "
+                f"policy={self.policy!r}, documents={self._documents})")
+
+    def rows(self, epoch: int) -> int:
+        """Rows in ``epoch`` (packs every window not yet packed: O(documents))."""
+        walk = self._walk(epoch)
+        self._locate(epoch, walk, None)
+        assert walk.total is not None
+        return walk.total
+
+    def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
+        """The rows of ``indices`` (row ids, see the module docstring) as one Batch."""
+        ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).reshape(-1)
+        epochs, windows, rows = ids >> (_ROW_BITS + _WINDOW_BITS), \
+            (ids >> _ROW_BITS) & _WINDOW_MASK, ids & _ROW_MASK
+        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        counts = np.empty(ids.shape[0], np.int64)
+        for i in range(ids.shape[0]):
+            epoch, w, r = int(epochs[i]), int(windows[i]), int(rows[i])
+            if ids[i] < 0 or w >= self._windows_per_epoch:
+                raise IndexError(f"row id {int(ids[i])} names window {w}; an epoch has "
+                                 f"{self._windows_per_epoch}")
+            packed = self._window(epoch, w)
+            if r >= packed.rows:
+                raise IndexError(f"row id {int(ids[i])}: window {w} of epoch {epoch} has "
+                                 f"{packed.rows} rows, not {r + 1}")
+            lo, hi = packed.row_offsets[r], packed.row_offsets[r + 1]
+            pieces.append((packed.doc[lo:hi], packed.start[lo:hi], packed.size[lo:hi]))
+            counts[i] = hi - lo
+        row_offsets = np.zeros(ids.shape[0] + 1, np.int64)
+        np.cumsum(counts, out=row_offsets[1:])
+        empty = np.zeros(0, np.int64)
+        doc = np.concatenate([p[0] for p in pieces]) if pieces else empty
+        start = np.concatenate([p[1] for p in pieces]) if pieces else empty
+        size = np.concatenate([p[2] for p in pieces]) if pieces else empty
+        read = self._docs.read(doc)
+        tokens = read["input_ids"]
+        assert isinstance(tokens, Jagged)
+        input_ids = np.full((ids.shape[0], self.seq_len), self.pad_id, tokens.values.dtype)
+        pk.fill_rows(tokens.values, tokens.offsets, start, size, row_offsets, input_ids)
+        columns: dict[str, Any] = {"input_ids": input_ids}
+        mask = self._token_mask(read, tokens)
+        if mask is not None:
+            loss_mask = np.zeros((ids.shape[0], self.seq_len), np.uint8)
+            pk.fill_rows(mask, tokens.offsets, start, size, row_offsets, loss_mask)
+            columns["loss_mask"] = loss_mask
+        columns["seqlens"] = Jagged(size, row_offsets)
+        columns["doc_ids"] = Jagged(doc, row_offsets)
+        columns["doc_starts"] = Jagged(start, row_offsets)
+        return Batch.from_columns(columns, BatchMeta(ids, production_status=np.ones(len(ids))))
+
+    def _token_mask(self, read: Batch, tokens: Jagged) -> np.ndarray | None:
+        """The per-token loss mask of the documents read (uint8, over their tokens)."""
+        if self.loss_mask is not None:
+            field = read[self.loss_mask]
+            assert isinstance(field, Jagged)
+            return (np.asarray(field.values) != 0).astype(np.uint8)
+        if self.loss_spans is None:
+            return None
+        mask = np.zeros(tokens.values.shape[0], np.uint8)
+        if "metadata" not in read:
+            return mask
+        metadata = read["metadata"]
+        assert isinstance(metadata, list)
+        for j, spans in enumerate(metadata):
+            base = int(tokens.offsets[j])
+            for begin, end, value in spans:
+                if _kind(value) == self.loss_spans:
+                    mask[base + begin:base + end] = 1
+        return mask
+
+    def collate(self, batch: Batch, output: str = "numpy") -> dict[str, Any]:
+        """The varlen contract (:mod:`zerobatch.varlen`) of a batch of rows, for
+        ``output`` ``"numpy"``, ``"torch"`` or ``"jax"``; rows marked ``padding``
+        (a Loader's ``drop_last=False``) get labels -100 throughout. Also keeps
+        ``padding`` and, as (values, offsets) pairs for torch, ``doc_ids``."""
+        cols = batch.to_numpy()
+        out = varlen_columns(cols["input_ids"], cols["seqlens"], labels=self.labels,
+                             loss_mask=cols.get("loss_mask"),
+                             attention_mask=self.attention_mask,
+                             cu_seqlens_size=self.cu_seqlens_size)
+        padding = cols.get("padding")
+        if padding is not None:
+            out["labels"][np.asarray(padding, bool)] = IGNORE_INDEX
+            out["padding"] = np.asarray(padding, bool)
+        out = to_output(out, output)
+        doc_ids = cols["doc_ids"]
+        assert isinstance(doc_ids, Jagged)
+        if output == "torch":
+            import torch
+
+            out["doc_ids"] = (torch.from_numpy(np.ascontiguousarray(doc_ids.values)),
+                              torch.from_numpy(doc_ids.offsets))
+        else:
+            out["doc_ids"] = doc_ids
+        return out
+
+    def bind_plan(self, batch_size: int, *, world_size: int = 1, seed: int = 0,
+                  shuffle: bool = True, drop_last: bool = True,
+                  block_size: int | None = None) -> tuple[PackedPlan, PackedRows]:
+        """The plan a Loader follows over these rows, and the source bound to its
+        ``seed`` and ``shuffle`` (which it reads from)."""
+        if block_size is not None:
+            raise ValueError("block_size does not apply to packed rows: a window's rows "
+                             "are read together already; leave block_size=None")
+        bound = self if (seed, shuffle) == (self.seed, self.shuffle) \
+            else self.with_order(seed, shuffle)
+        return PackedPlan(self._documents, batch_size, world_size=world_size, seed=seed,
+                          shuffle=shuffle, drop_last=drop_last, packed=bound), bound
+
+    # -- describe ---------------------------------------------------------------
+
+    def describe(self, epoch: int = 0) -> dict[str, Any]:
+        """What ``epoch``'s packing does to the data (packs every window:
+        O(documents)): documents, rows, tokens placed, padding tokens and
+        fraction, documents dropped or cut by the policy and tokens dropped."""
+        with self._lock:
+            stats = self._epoch_stats(epoch)
+            missing = np.flatnonzero(stats[:, 0] < 0)
+        for w in missing.tolist():
+            self._window(epoch, w)
+        with self._lock:
+            total = dict(zip(_STAT_NAMES, self._epoch_stats(epoch).sum(0).tolist(),
+                             strict=True))
+        slots = total["rows"] * self.seq_len
+        stored = total["tokens"] + total["dropped_tokens"]
+        total.update(seq_len=self.seq_len, window=self.window, policy=self.policy,
+                     epoch=epoch, padding_tokens=slots - total["tokens"],
+                     padding=(slots - total["tokens"]) / slots if slots else 0.0,
+                     dropped=total["dropped_tokens"] / stored if stored else 0.0)
+        return total
+
+    def _log_epoch(self, epoch: int) -> None:
+        if epoch in self._logged or not _log.isEnabledFor(logging.INFO):
+            return
+        self._logged.add(epoch)
+        d = self.describe(epoch)
+        _log.info("zerobatch packing, epoch %d: %d documents -> %d rows of %d tokens; "
+                  "padding %.2f%%; policy %r: %d documents cut, %d dropped, %d tokens "
+                  "dropped (%.2f%%)", epoch, d["documents"], d["rows"], self.seq_len,
+                  100 * d["padding"], self.policy, d["cut_documents"],
+                  d["dropped_documents"], d["dropped_tokens"], 100 * d["dropped"])
+
+    # -- windows ----------------------------------------------------------------
+
+    def _epoch_stats(self, epoch: int) -> np.ndarray:
+        """(under the lock) ``[windows, stats]``, -1 where a window is not packed yet."""
+        stats = self._stats.get(epoch)
+        if stats is None:
+            stats = np.full((self._windows_per_epoch, len(_STAT_NAMES)), -1, np.int64)
+            self._stats[epoch] = stats
+            while len(self._stats) > _CACHED_EPOCHS:
+                self._stats.popitem(last=False)
+        return stats
+
+    def _window(self, epoch: int, w: int) -> _Window:
+        """Window ``w`` of ``epoch``, packed (cached)."""
+        key = (epoch, w)
+        with self._lock:
+            packed = self._cache.get(key)
+            if packed is not None:
+                self._cache.move_to_end(key)
+                return packed
+        packed = self._pack(epoch, w)
+        with self._lock:
+            self._cache[key] = packed
+            while len(self._cache) > _CACHED_WINDOWS:
+                self._cache.popitem(last=False)
+            self._epoch_stats(epoch)[w] = packed.stats
+        return packed
+
+    def _pack(self, epoch: int, w: int) -> _Window:
+        if not 0 <= epoch < 1 << _EPOCH_BITS:
+            raise ValueError(f"epoch {epoch} is past the {1 << _EPOCH_BITS} packed epochs "
+                             "row ids can name")
+        first = w * self.window
+        count = min(self.window, self._documents - first)
+        if self.shuffle:
+            docs = Feistel(self._documents, epoch_seed(self.seed, epoch)).strided(first, count)
+        else:
+            docs = np.arange(first, first + count, dtype=np.int64)
+        lengths = self._docs.lengths(docs)
+        local, start, size, stats = pk.make_pieces(lengths, self.seq_len,
+                                                   pk.POLICIES[self.policy])
+        row_of, rows = pk.best_fit_decreasing(size, self.seq_len)
+        if rows > _ROW_MASK + 1:
+            raise ValueError(f"window {w} packs into {rows} rows, more than 2**{_ROW_BITS}; "
+                             "lower window")
+        if self.shuffle and rows > 1:
+            rank = Feistel(rows, epoch_seed(self.seed ^ _ROW_DOMAIN, epoch) + w)(
+                np.arange(rows, dtype=np.int64))
+        else:
+            rank = np.arange(rows, dtype=np.int64)
+        order, offsets = pk.reorder_rows(row_of, rows, rank)
+        all_stats = np.array([count, rows, stats[3], stats[0], stats[1], stats[2],
+                              local.shape[0]], np.int64)
+        return _Window(docs[local[order]], start[order], size[order], offsets, all_stats)
+
+    # -- the row order of an epoch (PackedPlan's arithmetic) ----------------------
+
+    def _walk(self, epoch: int) -> _Walk:
+        with self._lock:
+            walk = self._walks.get(epoch)
+            if walk is None:
+                walk = _Walk(0, 0, self._windows_per_epoch)
+                self._walks[epoch] = walk
+                while len(self._walks) > _CACHED_EPOCHS:
+                    self._walks.popitem(last=False)
+            return walk
+
+    def _anchor(self, epoch: int, window_documents: int, window_rows: int,
+                consumed: int) -> None:
+        """Resume ``epoch`` at row ``consumed``, ``window_rows`` rows into the
+        window that starts after ``window_documents`` documents."""
+        w, rest = divmod(window_documents, self.window)
+        if rest or not 0 <= w <= self._windows_per_epoch or not 0 <= window_rows <= consumed:
+            raise ValueError(f"state has window_documents={window_documents}, "
+                             f"window_rows={window_rows}, consumed={consumed}: not a window "
+                             f"start of {self._documents} documents in windows of "
+                             f"{self.window}, or more window rows than rows")
+        if w < self._windows_per_epoch and window_rows > self._window(epoch, w).rows:
+            raise ValueError(f"state has window_rows={window_rows}, but window {w} of epoch "
+                             f"{epoch} packs into {self._window(epoch, w).rows} rows: it "
+                             "belongs to other data or packing")
+        with self._lock:
+            self._walks[epoch] = _Walk(w, consumed - window_rows, self._windows_per_epoch)
+
+    def _locate(self, epoch: int, walk: _Walk, row: int | None) -> tuple[int, int] | None:
+        """(window, row in it) of ``epoch``'s row ``row`` (None: walk to the end),
+        packing windows forward as needed; None past the epoch's end. Rows
+        before the walk's anchor raise ValueError."""
+        with self._lock:
+            while True:
+                if row is not None and row < walk.starts[0]:
+                    raise ValueError(f"row {row} of epoch {epoch} is before the resumed "
+                                     f"position {walk.starts[0]}")
+                if walk.total is not None and (row is None or row >= walk.total):
+                    if row is None:
+                        return None
+                    self._log_epoch(epoch)
+                    return None
+                if row is not None and row < walk.starts[-1]:
+                    i = int(np.searchsorted(walk.starts, row, side="right")) - 1
+                    return walk.first + i, row - walk.starts[i]
+                w = walk.first + len(walk.starts) - 1
+                walk.starts.append(walk.starts[-1] + self._window(epoch, w).rows)
+                if w + 1 >= walk.windows:
+                    walk.total = walk.starts[-1]
+
+
+def _kind(value: Any) -> Any:
+    """A span value's kind: the value if a str, else its ``"kind"`` entry."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return value.get("kind")
+    return None
+
+
+def _check_span_kind(documents: Documents, kind: str, sample: int = 64) -> None:
+    """ValueError unless the dataset has span metadata and, among the spans of
+    its first ``sample`` documents, one of kind ``kind`` (when there are any)."""
+    ds = documents._ds
+    if not ds.has_metadata:
+        raise ValueError(f"loss_spans={kind!r}: {ds.path} has no span metadata; write "
+                         "spans (convert --chat marks assistant turns) or pass loss_mask=")
+    count = min(sample, len(documents))
+    if count == 0:
+        return
+    metadata = documents.read(np.arange(count))["metadata"]
+    kinds = {_kind(v) for spans in metadata for _, _, v in spans}
+    kinds.discard(None)
+    if kinds and kind not in kinds:
+        raise ValueError(f"loss_spans={kind!r}: the first {count} documents of {ds.path} "
+                         f"have spans of kinds {sorted(map(str, kinds))} only; name one of "
+                         "those")
+
+
+@dataclass(frozen=True)
+class PackedPlan(Plan):
+    """:class:`~zerobatch.plan.Plan` over packed rows (see the module docstring):
+    ``length`` is the documents, ``consumed`` counts rows of the epoch."""
+
+    packed: PackedRows | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    @property
+    def _rows(self) -> PackedRows:
+        assert self.packed is not None
+        return self.packed
+
+    def check_consumed(self, consumed: int) -> int:
+        if isinstance(consumed, bool) or not isinstance(consumed, (int, np.integer)):
+            raise TypeError(f"consumed must be an int, got {type(consumed).__name__}")
+        if consumed < 0:
+            raise ValueError(f"consumed must be >= 0, got {consumed}")
+        return int(consumed)
+
+    def _total(self, epoch: int) -> int:
+        return self._rows.rows(epoch)
+
+    def _exists(self, epoch: int, row: int) -> bool:
+        """Whether ``epoch`` has row ``row`` (packing forward only as far as needed)."""
+        rows = self._rows
+        walk = rows._walk(epoch)
+        return row < walk.starts[0] or rows._locate(epoch, walk, row) is not None
+
+    def has_step(self, consumed: int, epoch: int = 0) -> bool:
+        last = consumed + (self.step_size if self.drop_last else 1) - 1
+        return self._exists(epoch, last)
+
+    def steps(self, consumed: int = 0, epoch: int = 0) -> int:
+        left = self._total(epoch) - self.check_consumed(consumed)
+        if left <= 0:
+            return 0
+        return left // self.step_size if self.drop_last else -(-left // self.step_size)
+
+    def end(self, consumed: int = 0, epoch: int = 0) -> int:
+        if self.drop_last:
+            return consumed + self.steps(consumed, epoch) * self.step_size
+        return self._total(epoch)
+
+    def dropped(self, consumed: int = 0, epoch: int = 0) -> int:
+        return self._total(epoch) - self.end(consumed, epoch)
+
+    def after(self, epoch: int, consumed: int) -> tuple[int, int]:
+        consumed += self.step_size
+        return (epoch, consumed) if self.has_step(consumed, epoch) else (epoch + 1, 0)
+
+    def order(self, epoch: int) -> Any:
+        raise ValueError("packed rows have no permutation of fixed-length windows for "
+                         "output='jax'; use output='numpy' (collate gives segment_ids and "
+                         "positions) and place the arrays yourself")
+
+    def rank_indices(self, epoch: int, consumed: int, rank: int,
+                     steps: int = 1) -> npt.NDArray[np.int64]:
+        rows = self._rows
+        rank = self.check_rank(rank)
+        positions = (int(consumed) + rank
+                     + self.world_size * np.arange(steps * self.batch_size, dtype=np.int64))
+        walk = rows._walk(epoch)
+        ids = np.empty(positions.shape[0], np.int64)
+        for i, g in enumerate(positions.tolist()):
+            where = rows._locate(epoch, walk, g)
+            if where is None:  # pads the last step: the epoch's first rows again
+                where = self._wrap(epoch, g - (walk.total or 0))
+            w, r = where
+            ids[i] = (epoch << (_ROW_BITS + _WINDOW_BITS)) | (w << _ROW_BITS) | r
+        return ids.reshape(steps, self.batch_size)
+
+    def _wrap(self, epoch: int, past: int) -> tuple[int, int]:
+        """The row that pads position ``past`` after the epoch's end: row
+        ``past % rows`` of the first window that has rows."""
+        for w in range(self._rows._windows_per_epoch):
+            count = self._rows._window(epoch, w).rows
+            if count:
+                return w, past % count
+        raise ValueError(f"epoch {epoch} has no rows")
+
+    def padding(self, consumed: int, rank: int, epoch: int = 0) -> npt.NDArray[np.bool_]:
+        positions = int(consumed) + self.check_rank(rank) + self.world_size * np.arange(
+            self.batch_size, dtype=np.int64)
+        if self.drop_last or self._exists(epoch, int(positions[-1])):
+            return np.zeros(self.batch_size, np.bool_)
+        return positions >= self._total(epoch)
+
+    def indices(self, epoch: int, consumed: int, rank: int
+                ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
+        return (self.rank_indices(epoch, consumed, rank)[0],
+                self.padding(consumed, rank, epoch))
+
+    def iter_rank_steps(self, rank: int, epoch: int, consumed: int,
+                        epochs: int | None) -> Iterator[Planned]:
+        rank = self.check_rank(rank)
+        last = None if epochs is None else epoch + epochs
+        while last is None or epoch < last:
+            if not self.has_step(0, epoch):
+                return
+            while self.has_step(consumed, epoch):
+                following = self.after(epoch, consumed)
+                yield ((epoch, consumed), following,
+                       self.rank_indices(epoch, consumed, rank)[0],
+                       self.padding(consumed, rank, epoch))
+                if following[0] != epoch:
+                    break
+                consumed = following[1]
+            epoch, consumed = epoch + 1, 0
+
+    def cursor_state(self, epoch: int, consumed: int) -> dict[str, Any]:
+        if consumed == 0:
+            return {"window_documents": 0, "window_rows": 0}
+        rows = self._rows
+        walk = rows._walk(epoch)
+        where = rows._locate(epoch, walk, consumed)
+        if where is None:  # the epoch's end
+            assert walk.total is not None
+            return {"window_documents": rows._documents, "window_rows": 0}
+        w, r = where
+        return {"window_documents": w * rows.window, "window_rows": r}
+
+    def restore_cursor(self, epoch: int, consumed: int, state: dict[str, Any]) -> None:
+        documents, rows = state.get("window_documents"), state.get("window_rows")
+        for name, value in (("window_documents", documents), ("window_rows", rows)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"state has {name}={value!r}; a packed loader's state "
+                                 "needs ints there (is it from another source?)")
+        assert isinstance(documents, int) and isinstance(rows, int)
+        if documents == self._rows._documents and rows == 0:  # the epoch's end
+            self._rows._anchor(epoch, documents, 0, consumed)
+        else:
+            self._rows._anchor(epoch, documents, rows, consumed)

@@ -1,0 +1,350 @@
+"""Packed rows (zerobatch.packing): exactness, the varlen contract, resume, kills, a real model."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import random
+import signal
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import Phase, given, settings
+from hypothesis import strategies as st
+
+from zerobatch import Loader, StreamWriter, open_dataset
+from zerobatch import _packing_kernels as pk
+from zerobatch.packing import PackedRows
+
+from _packing_child import train  # isort: skip
+
+DOCS = 240
+
+
+def _write(folder: Path, lengths: list[int], seed: int) -> Path:
+    """Documents of ``lengths``: random tokens, a per-token ``loss_mask`` field
+    and spans (0, n // 2, "user"), (n // 2, n, "assistant")."""
+    rng = np.random.default_rng(seed)
+    with StreamWriter(folder, fields={"loss_mask": "u1"}, metadata="json",
+                      shard_tokens=2000) as writer:
+        for n in lengths:
+            half = n // 2
+            mask = np.zeros(n, np.uint8)
+            mask[half:] = 1
+            spans = [(half, n, "assistant")] + ([(0, half, "user")] if half else [])
+            writer.add_document(rng.integers(1, 60000, n), fields={"loss_mask": mask},
+                                spans=spans)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Three length distributions: short lognormal, long-tailed (documents up to
+    several rows long), and uniform."""
+    rng = np.random.default_rng(5)
+    root = tmp_path_factory.mktemp("packing")
+    shapes = {
+        "lognormal": np.clip(rng.lognormal(2.5, 0.8, DOCS), 1, 200).astype(int),
+        "long": np.clip(rng.lognormal(3.5, 1.2, DOCS), 1, 600).astype(int),
+        "uniform": rng.integers(1, 64, DOCS),
+    }
+    return {name: _write(root / name, [int(n) for n in lengths], i)
+            for i, (name, lengths) in enumerate(shapes.items())}
+
+
+def _epoch(packed: PackedRows, batch: int, world: int, seed: int, **kw: Any
+           ) -> list[list[dict[str, Any]]]:
+    """Every rank's batches of one epoch (drop_last=False): [rank][step]."""
+    return [list(Loader(packed, batch, rank=r, world_size=world, seed=seed, output="numpy",
+                        drop_last=False, num_threads=0, **kw)) for r in range(world)]
+
+
+def _expected_pieces(lengths: np.ndarray, seq_len: int, policy: str) -> Counter:
+    pieces: Counter = Counter()
+    for doc, n in enumerate(lengths.tolist()):
+        if n <= seq_len:
+            pieces[(doc, 0, n)] += 1
+        elif policy == "split":
+            for at in range(0, n, seq_len):
+                pieces[(doc, at, min(seq_len, n - at))] += 1
+        elif policy == "truncate":
+            pieces[(doc, 0, seq_len)] += 1
+    return pieces
+
+
+def _check_rows(batch: dict[str, Any], tokens: Any, seq_len: int, masks: Any) -> Counter:
+    """Check one collated numpy batch against the documents; returns its
+    (doc, start, size) pieces outside padding rows."""
+    ids, labels, pos = batch["input_ids"], batch["labels"], batch["position_ids"]
+    cu, seq_idx, docs = batch["cu_seqlens"], batch["seq_idx"], batch["doc_ids"]
+    assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == ids.size
+    assert isinstance(batch["max_seqlen"], int) and batch["max_seqlen"] == np.diff(cu).max()
+    flat_pos, flat_seg = pos.reshape(-1), seq_idx.reshape(-1)
+    for s in range(cu.shape[0] - 1):  # cu_seqlens, seq_idx and position_ids agree
+        assert (flat_seg[cu[s]:cu[s + 1]] == s).all()
+        assert (flat_pos[cu[s]:cu[s + 1]] == np.arange(cu[s + 1] - cu[s])).all()
+    got: Counter = Counter()
+    for b in range(ids.shape[0]):
+        at = 0
+        for k, doc in enumerate(docs[b].tolist()):
+            begin = int(batch["_starts"][b][k])
+            size = int(batch["_sizes"][b][k])
+            assert at + size <= seq_len
+            piece = tokens[doc][begin:begin + size]
+            assert (ids[b, at:at + size] == piece).all()
+            want = np.full(size, -100)
+            take = masks[doc][begin + 1:begin + size] != 0
+            want[:-1] = np.where(take, piece[1:], -100)  # shifted: -100 at each piece's end
+            if batch["padding"][b]:
+                want[:] = -100
+            assert (labels[b, at:at + size] == want).all()
+            if not batch["padding"][b]:
+                got[(doc, begin, size)] += 1
+            at += size
+        assert (labels[b, at:] == -100).all() and (ids[b, at:] == 0).all()
+    return got
+
+
+def _collated(packed: PackedRows, batch: int, world: int, seed: int) -> list[dict[str, Any]]:
+    """Every rank's collated batches with their raw pieces, in rank-major order."""
+    out = []
+    for r in range(world):
+        loader = Loader(packed, batch, rank=r, world_size=world, seed=seed, output="batch",
+                        drop_last=False, num_threads=1)
+        source = loader._source
+        for raw in loader:
+            cols = source.collate(raw, "numpy")
+            cols["_starts"] = raw["doc_starts"]
+            cols["_sizes"] = raw["seqlens"]
+            cols["_ids"] = raw.meta.global_indexes
+            out.append(cols)
+    return out
+
+
+_QUICK = [Phase.explicit, Phase.reuse, Phase.generate]  # failures print unshrunk, fast
+
+@settings(max_examples=12, deadline=None, phases=_QUICK)
+@given(corpus=st.sampled_from(["lognormal", "long", "uniform"]), seq_len=st.integers(8, 96),
+       window=st.integers(8, 120), policy=st.sampled_from(["split", "truncate", "drop"]),
+       world=st.integers(1, 4), batch=st.integers(1, 5), seed=st.integers(0, 2**32))
+def test_every_document_once_per_epoch(corpora, corpus, seq_len, window, policy, world, batch,
+                                       seed):
+    docs = open_dataset(corpora[corpus]).documents()
+    packed = docs.packed(seq_len, window=window, policy=policy, loss_mask="loss_mask")
+    lengths = docs.lengths(np.arange(len(docs)))
+    everything = docs.read(np.arange(len(docs)))
+    tokens, masks = everything["input_ids"], everything["loss_mask"]
+    got: Counter = Counter()
+    batches = _collated(packed, batch, world, seed)
+    for cols in batches:
+        got += _check_rows(cols, tokens, seq_len, masks)
+    assert got == _expected_pieces(lengths, seq_len, policy)
+    # identical on every run and with threads: the same rows again
+    again = _collated(packed.with_order(seed, True), batch, world, seed)
+    assert [c["_ids"].tolist() for c in again] == [c["_ids"].tolist() for c in batches]
+    d = packed.with_order(seed, True).describe()
+    placed = sum(size for (_, _, size) in got.elements())
+    assert d["tokens"] == placed and d["rows"] * seq_len - d["padding_tokens"] == placed
+    if policy == "drop":
+        assert d["dropped_documents"] == int((lengths > seq_len).sum())
+        assert d["dropped_tokens"] == int(lengths[lengths > seq_len].sum())
+    elif policy == "truncate":
+        assert d["dropped_tokens"] == int((lengths[lengths > seq_len] - seq_len).sum())
+    else:
+        assert d["dropped_tokens"] == 0
+
+
+@settings(max_examples=10, deadline=None, phases=_QUICK)
+@given(corpus=st.sampled_from(["lognormal", "long"]), window=st.integers(8, 60),
+       world=st.integers(1, 3), world2=st.integers(1, 3), batch=st.integers(1, 4),
+       batch2=st.integers(1, 4), stop=st.integers(0, 200), drop_last=st.booleans(),
+       seed=st.integers(0, 2**32))
+def test_resume_anywhere_with_another_world_size(corpora, corpus, window, world, world2, batch,
+                                                 batch2, stop, drop_last, seed):
+    packed = open_dataset(corpora[corpus]).documents().packed(24, window=window)
+
+    def run(loaders: list[Loader], steps: int | None) -> list[int]:
+        rows: list[int] = []
+        iterators = [iter(loader) for loader in loaders]
+        step = 0
+        while steps is None or step < steps:  # take a step only when it counts
+            batches = [next(it, None) for it in iterators]
+            if batches[0] is None:
+                assert all(b is None for b in batches)
+                break
+            for b in batches:
+                keep = ~b["padding"] if "padding" in b.fields else slice(None)
+                rows += np.asarray(b.meta.global_indexes)[keep].tolist()
+            step += 1
+        return rows
+
+    def loaders(w: int, b: int) -> list[Loader]:
+        return [Loader(packed, b, rank=r, world_size=w, seed=seed, output="batch",
+                       drop_last=drop_last, num_threads=0, epochs=1) for r in range(w)]
+
+    whole = run(loaders(world, batch), None)
+    first = loaders(world, batch)
+    steps = stop % len(first[0])  # a point inside epoch 0
+    before = run(first, steps)
+    state = first[0].state_dict()
+    assert all(loader.state_dict() == state for loader in first)
+    assert json.loads(json.dumps(state)) == state
+    second = loaders(world2, batch2)
+    for loader in second:
+        loader.load_state_dict(state)
+    after = [row for row in run(second, None) if row >> 46 == 0]  # epoch 0's rows
+    assert len(before + after) == len(set(before + after))  # no row twice
+    if drop_last:  # the resumed run drops less than one of its steps at the end
+        every = run(loaders(1, 1), None)
+        assert set(before + after) <= set(every)
+        assert len(every) - len(before + after) < world2 * batch2
+    else:
+        assert sorted(before + after) == sorted(whole)
+
+
+def test_resume_repacks_one_window(corpora):
+    """A state mid-window names that window; a resumed loader packs only it
+    (and the windows it then reads)."""
+    packed = open_dataset(corpora["lognormal"]).documents().packed(32, window=20)
+    loader = Loader(packed, 3, seed=4, output="batch", num_threads=0)
+    it = iter(loader)
+    for _ in range(9):
+        next(it)
+    state = loader.state_dict()
+    assert state["window_documents"] % 20 == 0 and state["window_documents"] > 0
+    assert state["consumed"] == 27
+    fresh = open_dataset(corpora["lognormal"]).documents().packed(32, window=20)
+    resumed = Loader(fresh, 3, seed=4, output="batch", num_threads=0)
+    resumed.load_state_dict(state)
+    nxt = next(iter(resumed))
+    assert next(it).meta.global_indexes.tolist() == nxt.meta.global_indexes.tolist()
+    bound = resumed._source
+    assert {w for (_, w) in bound._cache} <= {state["window_documents"] // 20,
+                                              state["window_documents"] // 20 + 1}
+
+
+def test_rows_fit_and_padding_low_on_realistic_lengths():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(6.0, 0.9, 8192), 16, 8192).astype(np.int64)
+    _doc, _start, size, _stats = pk.make_pieces(lengths, 4096, pk.SPLIT)
+    row_of, rows = pk.best_fit_decreasing(size, 4096)
+    fill = np.bincount(row_of, weights=size, minlength=rows)
+    assert fill.max() <= 4096
+    assert 1 - fill.sum() / (rows * 4096) < 0.01
+
+
+def test_best_fit_matches_a_plain_implementation():
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        seq_len = int(rng.integers(4, 50))
+        sizes = rng.integers(1, seq_len + 1, int(rng.integers(0, 60)))
+        row_of, rows = pk.best_fit_decreasing(sizes, seq_len)
+        room: list[int] = []  # a plain best-fit decreasing: any row of least room
+        for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+            fits = [r for r in range(len(room)) if room[r] >= sizes[i]]
+            if fits:
+                r = min(fits, key=lambda r: room[r])
+            else:
+                r = len(room)
+                room.append(seq_len)
+            room[r] -= int(sizes[i])
+        # rows of equal room are interchangeable: the fills agree whatever the ties
+        assert rows == len(room)
+        fill = np.bincount(row_of, weights=sizes, minlength=rows) if len(sizes) else []
+        assert sorted(np.asarray(fill).tolist()) == sorted(seq_len - r for r in room)
+
+
+def test_loss_spans_equal_the_loss_mask_field(corpora):
+    docs = open_dataset(corpora["long"]).documents()
+    by_field = docs.packed(40, window=16, loss_mask="loss_mask", labels="aligned")
+    by_spans = docs.packed(40, window=16, loss_spans="assistant", labels="aligned")
+    a = Loader(by_field, 4, seed=3, output="numpy", num_threads=0)
+    b = Loader(by_spans, 4, seed=3, output="numpy", num_threads=0)
+    for x, y in zip(a, b, strict=True):
+        assert (x["labels"] == y["labels"]).all() and (x["input_ids"] == y["input_ids"]).all()
+        starts = x["position_ids"] == 0
+        assert (x["labels"][starts] == -100).all()  # aligned: -100 at every segment start
+
+
+def test_torch_output_and_fixed_shape(corpora):
+    import torch
+
+    packed = open_dataset(corpora["uniform"]).documents().packed(
+        64, window=32, attention_mask=True, cu_seqlens_size=40)
+    batch = next(iter(Loader(packed, 4, output="torch", num_threads=0)))
+    assert batch["cu_seqlens"].dtype == torch.int32 and batch["cu_seqlens"].shape == (40,)
+    assert isinstance(batch["max_seqlen"], int)
+    assert batch["attention_mask"].dtype == torch.int64
+    assert batch["seq_idx"].dtype == torch.int32 and batch["input_ids"].shape == (4, 64)
+    jax_like = packed.collate(packed.read(Loader(packed, 4)._plan.indices(0, 0, 0)[0]), "jax")
+    assert {"segment_ids", "positions"} <= set(jax_like) and "cu_seqlens" not in jax_like
+
+
+def test_bad_input(corpora, tmp_path):
+    docs = open_dataset(corpora["lognormal"]).documents()
+    with pytest.raises(ValueError, match="seq_len must be >= 1"):
+        docs.packed(0)
+    with pytest.raises(ValueError, match="window must be >= 8"):
+        docs.packed(16, window=3)
+    with pytest.raises(ValueError, match=r"loss_spans='system'.*\['assistant', 'user'\]"):
+        docs.packed(16, loss_spans="system")
+    with pytest.raises(ValueError, match=r"loss_mask='weights' is not a per-token field.*"
+                                         r"\['loss_mask'\]"):
+        docs.packed(16, loss_mask="weights")
+    with pytest.raises(ValueError, match="policy must be one of"):
+        docs.packed(16, policy="wrap")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_size"):
+        Loader(docs.packed(16), 2, block_size=4)
+    with StreamWriter(tmp_path / "plain") as writer:
+        writer.add_document([1, 2, 3])
+    with pytest.raises(ValueError, match="no span metadata"):
+        open_dataset(tmp_path / "plain").documents().packed(16, loss_spans="assistant")
+    state = Loader(docs.packed(16, window=8), 2).state_dict()
+    with pytest.raises(ValueError, match="fingerprint"):
+        Loader(docs.packed(16, window=16), 2).load_state_dict(state)
+    with pytest.raises(ValueError, match="window_rows"):
+        Loader(docs.packed(16, window=8), 2).load_state_dict(
+            {**state, "consumed": 10, "window_documents": 8, "window_rows": 10**6})
+
+
+def test_every_epoch_logged_with_its_losses(corpora, caplog):
+    packed = open_dataset(corpora["long"]).documents().packed(32, window=16, policy="truncate")
+    with caplog.at_level("INFO", logger="zerobatch.packing"):
+        list(Loader(packed, 4, epochs=2, output="batch", num_threads=0))
+    lines = [r.getMessage() for r in caplog.records if r.name == "zerobatch.packing"]
+    assert [line.split(":")[0] for line in lines] == ["zerobatch packing, epoch 0",
+                                                     "zerobatch packing, epoch 1"]
+    d = packed.describe(1)
+    assert f"{d['dropped_tokens']} tokens dropped" in lines[1] and d["dropped_tokens"] > 0
+
+
+def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path):
+    folder = corpora["long"]
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    train(folder, reference / "log", reference / "none.json", None)
+    run = tmp_path / "run"
+    run.mkdir()
+    context = multiprocessing.get_context("forkserver")  # no fork beside other threads
+    context.set_forkserver_preload(["_packing_child"])  # warm: kernels loaded once
+    rng = random.Random(0)
+    kills = 0
+    while not (run / "final.npy").exists():
+        checkpoint = run / "checkpoint.json"
+        saved = json.loads(checkpoint.read_text())["lines"] if checkpoint.exists() else 0
+        target = saved + rng.randrange(1, 5) if kills < 20 else None
+        child = context.Process(target=train, args=(folder, run / "log", checkpoint,
+                                                          target))
+        child.start()
+        child.join(60)
+        assert child.exitcode is not None
+        if child.exitcode == -signal.SIGKILL:
+            kills += 1
+        else:
+            assert child.exitcode == 0
+    assert kills == 20
+    assert (run / "log").read_text() == (reference / "log").read_text()
+    assert (np.load(run / "final.npy") == np.load(reference / "final.npy")).all()
