@@ -348,3 +348,59 @@ def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path):
     assert kills == 20
     assert (run / "log").read_text() == (reference / "log").read_text()
     assert (np.load(run / "final.npy") == np.load(reference / "final.npy")).all()
+
+
+@pytest.mark.parametrize("flatten", [False, True])
+def test_real_model_same_loss_packed_and_padded(tmp_path, flatten):
+    """A tiny Llama (built from a config) on a packed batch with position_ids
+    (its padding-free path) gives the loss of the same documents one per row,
+    padded, with an attention mask."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(2, 30, 40)
+    folder = tmp_path / "tiny"
+    with StreamWriter(folder, fields={"loss_mask": "u1"}) as writer:
+        for n in lengths:
+            writer.add_document(rng.integers(1, 100, n),
+                                fields={"loss_mask": rng.random(n) < 0.7})
+    packed = open_dataset(folder).documents().packed(48, window=16, labels="aligned",
+                                                     loss_mask="loss_mask")
+    loader = Loader(packed, 3, seed=1, output="batch", num_threads=0)
+    raw = next(iter(loader))
+    cols = packed.collate(raw, "torch")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=64, attn_implementation="sdpa")
+    model = LlamaForCausalLM(config).double().eval()
+    ids, labels, pos = cols["input_ids"].long(), cols["labels"], cols["position_ids"]
+    if flatten:  # DataCollatorWithFlattening's layout: one row of every token
+        ids, labels, pos = ids.reshape(1, -1), labels.reshape(1, -1), pos.reshape(1, -1)
+    with torch.no_grad():
+        packed_loss = model(input_ids=ids, position_ids=pos, labels=labels,
+                            use_cache=False).loss
+    # the same documents, one per row, right-padded
+    starts, sizes, docs = raw["doc_starts"], raw["seqlens"], raw["doc_ids"]
+    pieces = [(d, s, n) for b in range(len(raw)) for d, s, n in
+              zip(docs[b].tolist(), starts[b].tolist(), sizes[b].tolist(), strict=True)]
+    source = open_dataset(folder).documents().read([d for d, _, _ in pieces])
+    width = max(n for _, _, n in pieces)
+    rows = torch.zeros(len(pieces), width, dtype=torch.long)
+    mask = torch.zeros(len(pieces), width, dtype=torch.long)
+    plain = torch.full((len(pieces), width), -100, dtype=torch.long)
+    for i, (_, s, n) in enumerate(pieces):
+        tokens = torch.from_numpy(source["input_ids"][i][s:s + n].astype(np.int64))
+        keep = torch.from_numpy(source["loss_mask"][i][s:s + n] != 0)
+        rows[i, :n], mask[i, :n] = tokens, 1
+        plain[i, :n] = torch.where(keep, tokens, torch.tensor(-100))
+    with torch.no_grad():
+        padded_loss = model(input_ids=rows, attention_mask=mask, labels=plain,
+                            use_cache=False).loss
+    assert torch.isfinite(packed_loss)
+    assert abs(packed_loss.item() - padded_loss.item()) < 1e-9
+    # the contract matters: without position_ids the rows' documents see each other
+    with torch.no_grad():
+        leaky = model(input_ids=ids, labels=labels, use_cache=False).loss
+    assert abs(leaky.item() - padded_loss.item()) > 1e-6

@@ -72,6 +72,13 @@ def _executor(spec: str | None) -> Iterator[cf.Executor | None]:
 def _convert(args: argparse.Namespace) -> None:
     from zerobatch.convert import convert
 
+    if args.chat:  # conversations: rendered with a chat template, assistant turns take the loss
+        from zerobatch.convert.chat import convert_chat
+
+        convert_chat(args.inputs, args.output, tokenizer=args.tokenizer,
+                     template=args.chat_template, quiet=args.quiet)
+        return
+
     with _executor(args.executor) as executor:
         convert(args.inputs, args.output, tokenizer=args.tokenizer, text_field=args.text_field,
                 metadata_fields=args.metadata_field, spans_field=args.spans_field,
@@ -113,6 +120,11 @@ def _build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--tokenizer", required=True,
                          help="a tokenizers JSON file, a folder holding tokenizer.json, "
                               "or 'bytes'")
+    convert.add_argument("--chat", action="store_true",
+                         help='JSONL of {"messages": [...]}: render with a chat template, '
+                         "store a loss_mask field and assistant spans")
+    convert.add_argument("--chat-template", help="a .jinja file or a tokenizer_config.json "
+                         "(default: ChatML)")
     convert.add_argument("--text-field", default="text")
     convert.add_argument("--metadata-field", action="append", default=[],
                          help="a field stored as document metadata (repeatable)")

@@ -384,8 +384,9 @@ class Loader:
             if self._output in ("torch", "numpy"):
                 self._convert = functools.partial(collate, output=self._output)
             elif hasattr(self._output, "pin_memory") and hasattr(self._output, "device"):
+                torch_output: Any = self._output  # zerobatch.torch.TorchOutput
                 self._convert = _then_torch(functools.partial(collate, output="torch"),
-                                            self._output.pin_memory, self._output.device)
+                                            torch_output.pin_memory, torch_output.device)
         if self._convert is None:
             if not isinstance(self._output, str):
                 convert = self._output.bind(self._plan, self._source)
