@@ -269,7 +269,7 @@ def _check_metadata_entries(count: int, *, path: object) -> None:
     metadata entries."""
     if count > METADATA_LIMIT:
         raise FormatError(f"header holds {count} metadata entries, more than the limit of "
-                          f"{METADATA_LIMIT}", path=path, field="__metadata__")
+                          f"{METADATA_LIMIT}", path=path, field=METADATA_KEY)
 
 
 def _cut_strings(source: str | bytes, starts: np.ndarray[Any, Any], ends: np.ndarray[Any, Any]
@@ -396,7 +396,7 @@ def _read_bintensors(raw: bytes, *, path: object) -> tuple[Any, ...]:
             values = _cut_strings(raw, meta[:, 1, 0], meta[:, 1, 0] + meta[:, 1, 1])
         except UnicodeDecodeError:
             raise FormatError("a metadata key or value is not valid UTF-8", path=path,
-                              field="__metadata__") from None
+                              field=METADATA_KEY) from None
         metadata = dict(zip(keys, values, strict=True))
     firsts, lasts = spans[:, 0], spans[:, 0] + spans[:, 1]
     try:
