@@ -132,6 +132,12 @@ PUBLIC: dict[str, str] = {  # module -> its public names, space-separated
         "SafetensorError TensorSpec deserialize load load_file safe_open save save_file serialize "
         "serialize_file"
     ),
+    "zerobatch.tensors.format": (
+        "ALIGNMENT BINTENSORS BINTENSORS_CODE BINTENSORS_ID DTYPES DType FORMATS HEADER_LIMIT "
+        "Header LENGTH_SIZE MAX_DIMS METADATA_KEY METADATA_LIMIT SAFETENSORS SAFETENSORS_CODE "
+        "SafetensorError SliceError TensorInfo TensorNotFound check_layout code_of_numpy detect "
+        "encode_header numpy_dtype read_header read_header_at"
+    ),
     "zerobatch.tensors.jax": (
         "SafetensorError TensorSpec deserialize load load_file safe_open save save_file serialize "
         "serialize_file"

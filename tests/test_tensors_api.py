@@ -579,6 +579,10 @@ def test_whole_slice_and_shared_groups_come_back_as_in_safetensors(tmp_path: Pat
         if all(any(ztorch._is_complete(state_dict[n]) for n in g) for g in want_groups):
             assert ztorch._remove_duplicate_names(state_dict) == \
                 safetensors.torch._remove_duplicate_names(state_dict)
+    for tensor in [base, base[::3], base[2:5], torch.zeros(0), torch.ones(4, 6)[1:, ::2]]:
+        assert ztorch._end_ptr(tensor) == safetensors.torch._end_ptr(tensor)
+    transposed = torch.zeros(3, 4).t()  # safetensors' _end_ptr raises on this view
+    assert ztorch._end_ptr(transposed) == transposed.data_ptr() + 12 * 4
 
 
 def test_empty_tensors_load_with_the_strides_safetensors_gives(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from zerobatch.tensors.format import SAFETENSORS, SafetensorError
 __all__ = [
     "SafetensorError",
     "TensorSpec",
+    "_end_ptr",
     "_filter_shared_not_shared",
     "_find_shared_tensors",
     "_is_complete",
@@ -64,15 +65,16 @@ def storage_size(tensor: Any) -> int:
         return int(tensor.nelement() * tensor.element_size())
 
 
-def _byte_range(tensor: Any) -> tuple[int, int]:
-    """[first byte, one past the last byte of the element farthest in memory);
-    any strides (transposed views too)."""
+def _end_ptr(tensor: Any) -> int:
+    """One past the last byte of ``tensor``'s element farthest in memory (its
+    ``data_ptr()`` when empty), for any strides: safetensors' helper of this
+    name fails on a transposed view."""
     start = int(tensor.data_ptr())
     if tensor.nelement() == 0:
-        return start, start
+        return start
     reach = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(),
                                                             strict=True))
-    return start, start + (reach + 1) * tensor.element_size()
+    return start + (reach + 1) * tensor.element_size()
 
 
 def _filter_shared_not_shared(tensors: list[set[str]], state_dict: dict[str, Any]
@@ -83,7 +85,8 @@ def _filter_shared_not_shared(tensors: list[set[str]], state_dict: dict[str, Any
         if len(group) < 2:
             result.append(group)
             continue
-        spans = sorted((*_byte_range(state_dict[name]), name) for name in group)
+        spans = sorted((int(state_dict[name].data_ptr()), _end_ptr(state_dict[name]), name)
+                       for name in group)
         end = None
         for start, stop, name in spans:
             if end is None or start >= end:
