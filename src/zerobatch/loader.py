@@ -111,7 +111,7 @@ def _output_object(output: Any, deprecated: dict[str, Any]) -> Any:
             raise ValueError("pin_memory and device need torch output")
         return JaxOutput(given["sharding"], microbatch=given.get("microbatch"))
     if output == "torch" and not set(given) - {"pin_memory", "device"}:
-        from zerobatch.torch import TorchOutput
+        from zerobatch._torch_output import TorchOutput
 
         return TorchOutput(pin_memory=bool(given.get("pin_memory")), device=given.get("device"))
     needs = "torch output" if set(given) & {"pin_memory", "device"} else "output='jax'"
@@ -393,9 +393,7 @@ class Loader:
                 self._placement = convert if isinstance(convert, _Placement) else None
                 self._convert = convert
             elif self._output == "torch":
-                from zerobatch.torch import TorchOutput
-
-                self._convert = TorchOutput().bind(self._plan, self._source)
+                self._convert = Batch.to_torch
             elif self._output == "numpy":
                 self._convert = Batch.to_numpy
             else:
