@@ -13,7 +13,9 @@ from zerobatch import Loader
 def check_against(ds, tokens: np.ndarray, documents: list[np.ndarray], *, seq_len: int = 7,
                   stride: int | None = None) -> None:
     """Every window, label, position and document of ``ds`` equals what the
-    peer's reader gives (``tokens``: every token in order; ``documents``)."""
+    peer's reader gives (``tokens``: every token in order; ``documents``,
+    of which those of zero tokens are not observations)."""
+    documents = [d for d in documents if len(d)]
     assert ds.num_tokens == tokens.shape[0]
     assert ds.num_documents == len(documents)
     starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerobatch.errors import FormatError
-from zerobatch.peers import datatrove, megatron
+from zerobatch.peers import datatrove, hf, megatron
 from zerobatch.peers._base import Location, PeerDataset, PeerFiles, locate
 from zerobatch.peers.datatrove import DatatroveFiles
+from zerobatch.peers.hf import HFFiles
 from zerobatch.peers.megatron import MegatronFiles
 from zerobatch.stream.reader import Dataset, register_peer_formats
 
@@ -26,11 +27,13 @@ __all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "open_peer"]
 FORMATS: dict[str, type[PeerFiles]] = {
     "megatron": MegatronFiles,
     "datatrove": DatatroveFiles,
+    "hf": HFFiles,
 }
 """Every peer format by name, in the order ``detect`` tries them."""
 
 
-_DETECT: dict[str, Any] = {"megatron": megatron.detect, "datatrove": datatrove.detect}
+_DETECT: dict[str, Any] = {"megatron": megatron.detect, "datatrove": datatrove.detect,
+                           "hf": hf.detect}
 
 
 def detect(location: Location) -> str | None:

@@ -159,20 +159,37 @@ class PeerFiles(ABC):
 
 class PeerIndex(MappedIndex):
     """Document offsets derived from a peer format's table (``PeerFiles.docs``),
-    built for every shard on first use and kept; no metadata."""
+    built for every shard on first use and kept; no metadata.
+
+    Documents of zero tokens (an empty Megatron document, an empty Hugging Face
+    row) are dropped when the tables are built: the read kernels need offsets
+    that rise. Document ids count the non-empty documents, so the number of
+    documents is known once the tables are built (``doc_starts``)."""
 
     def __init__(self, manifest: Manifest, storage: Storage, error: ShardError,
                  docs: Callable[[int], np.ndarray]) -> None:
         super().__init__(manifest, storage, error)
         self._docs_of = docs
+        self._counted = False
 
     def load_docs(self) -> list[np.ndarray]:
         tables = []
         for i in range(len(self._manifest.shards)):
             table = np.ascontiguousarray(self._docs_of(i), OFFSET_DTYPE)
+            rising = table[1:] > table[:-1]
+            if not rising.all():
+                table = np.concatenate([table[:1], table[1:][rising]])
             table.setflags(write=False)
             tables.append(table)
+        counts = [t.shape[0] - 1 for t in tables]
+        self._doc_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._counted = True
         return tables
+
+    def doc_starts(self) -> np.ndarray:
+        if not self._counted:
+            self.docs_tables()
+        return self._doc_starts
 
 
 def _manifest(files: PeerFiles) -> Manifest:
@@ -186,6 +203,8 @@ class PeerDataset(Dataset):
     the module docstring). Create with ``zerobatch.open_dataset(path,
     format=...)``. Immutable and thread-safe like ``Dataset``; pickles as its
     location and options (the copy opens the files again)."""
+
+    _index: PeerIndex
 
     def __init__(self, files: PeerFiles) -> None:
         self._files = files
@@ -236,6 +255,12 @@ class PeerDataset(Dataset):
         return FormatError(message, path=self._files.path(name), field=field)
 
     @property
+    def num_documents(self) -> int:
+        """Documents of at least one token in all files (the first call builds
+        the document offsets: one pass over the format's boundary table)."""
+        return int(self._index.doc_starts()[-1])
+
+    @property
     def format(self) -> str:
         """The peer format's name (``"megatron"``, ``"datatrove"``, …)."""
         return self._files.format
@@ -257,7 +282,7 @@ class PeerDataset(Dataset):
 
     def __repr__(self) -> str:
         return (f"PeerDataset({self.format!r}, {str(self._path)!r}, tokens={self.num_tokens}, "
-                f"documents={self.num_documents}, files={len(self._files.shards)})")
+                f"shards={len(self._files.shards)})")
 
     def verify(self) -> list[Problem]:
         """Every problem with the files (one pass over them); ``[]`` when sound."""

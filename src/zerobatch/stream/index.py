@@ -98,7 +98,7 @@ class MappedIndex:
         meta = meta_ids is not None
         spans = meta and self._manifest.has_spans_table
         return IndexView(pieces, self._shard_ids, self._records,
-                         self.docs_tables() if docs else None, self._doc_starts, meta_ids,
+                         self.docs_tables() if docs else None, self.doc_starts(), meta_ids,
                          self._entries, self._table(META_INDEX) if meta else None,
                          self._table(META_DATA) if meta else None,
                          self._table(META_SPANS) if spans else None)
@@ -107,8 +107,12 @@ class MappedIndex:
         self, indices: npt.NDArray[np.int64], max_len: int
     ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
         """``_kernels.plan_documents`` over every shard's offsets."""
-        return k.plan_documents(indices, max_len, self._doc_starts, self.docs_tables(),
-                                self._records)
+        tables = self.docs_tables()
+        return k.plan_documents(indices, max_len, self.doc_starts(), tables, self._records)
+
+    def doc_starts(self) -> np.ndarray:
+        """The global id of each shard's first document, then the documents (``<i8``)."""
+        return self._doc_starts
 
     def docs_tables(self) -> typed.List:
         """Every shard's document offsets (``documents + 1`` ``<u8`` from 0 to

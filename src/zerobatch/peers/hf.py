@@ -1,0 +1,221 @@
+"""Hugging Face ``datasets`` folders (``save_to_disk``) and Arrow files, read in place.
+
+A ``save_to_disk`` folder holds ``state.json`` (``_data_files``: the Arrow
+files in order), ``dataset_info.json`` and the Arrow files
+(``data-NNNNN-of-NNNNN.arrow``). Each Arrow file is an Arrow IPC stream (or
+an IPC file, magic ``ARROW1``): a schema message, then record batches. The
+token column (``column=``, default ``input_ids``) is ``list<int>`` or
+``large_list<int>`` of an integer type, one row per document. In a record
+batch, its list offsets (``<i4``, or ``<i8`` for large lists; ``rows + 1``
+entries) and its values (the tokens, back to back) are each one contiguous
+buffer of the file, uncompressed: every record batch is one token array at a
+byte base of the file, and its offsets minus the first are its document
+offsets.
+
+What opening checks: the file is a readable Arrow IPC stream or file whose
+schema has the column with an integer list type; no buffer is compressed;
+each batch's offsets and values buffers lie inside the file; the list holds
+no null values. Opening walks the record batches' headers through a memory
+map (O(record batches), about one per 1,000 rows as ``datasets`` writes
+them; no token is read) and reads two offsets per batch; the whole offsets
+are checked (non-decreasing) once, on the first read that needs them, and
+by ``verify``. A null row reads as an empty document. Local files only:
+an object-store prefix of Arrow files is refused (walking a stream's headers
+needs its bodies' lengths from each message in turn).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from zerobatch.errors import FormatError
+from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets
+from zerobatch.stream.verify import Problem
+
+__all__ = ["ARROW", "STATE", "HFFiles", "detect"]
+
+ARROW, STATE, DICT = ".arrow", "state.json", "dataset_dict.json"
+_MAX_STATE = 64 << 20  # bytes of a state.json parsed
+
+
+def detect(location: Location) -> bool:
+    """Whether ``location`` is a ``save_to_disk`` folder (``state.json`` and
+    Arrow files), a ``DatasetDict`` folder, or an ``.arrow`` file."""
+    if location.stem is not None:
+        return location.stem.endswith(ARROW) and location.stem in location.names
+    names = set(location.names)
+    return DICT in names or (STATE in names and any(n.endswith(ARROW) for n in names))
+
+
+def _arrow_files(location: Location) -> list[str]:
+    """The Arrow files at ``location``, in the order ``state.json`` gives."""
+    if location.stem is not None:
+        return [location.stem]
+    names = set(location.names)
+    if DICT in names:
+        splits = sorted(n for n in names if (Path(str(location.root)) / n).is_dir())
+        raise FormatError(f"a DatasetDict: open one split's folder (one of {splits})",
+                          path=location.root, field="splits")
+    if STATE not in names:
+        found = sorted(n for n in names if n.endswith(ARROW))
+        if not found:
+            raise FormatError("no state.json and no .arrow file here", path=location.root,
+                              field="files")
+        return found
+    path = Path(str(location.root)) / STATE
+    if path.stat().st_size > _MAX_STATE:
+        raise FormatError(f"larger than {_MAX_STATE} bytes", path=path, field="state")
+    try:
+        state = json.loads(path.read_bytes())
+        files = [entry["filename"] for entry in state["_data_files"]]
+    except (ValueError, KeyError, TypeError) as error:
+        raise FormatError(f"expected JSON with _data_files: [{{filename}}] ({error})",
+                          path=path, field="_data_files") from None
+    for name in files:
+        if not isinstance(name, str) or "/" in name or name not in names:
+            raise FormatError(f"lists {name!r:.80}, which is not a file of the folder",
+                              path=path, field="_data_files")
+    return files
+
+
+class HFFiles(PeerFiles):
+    """The Arrow files of a ``save_to_disk`` folder (see the module docstring).
+
+    Options: ``column`` (the token column; default ``"input_ids"``)."""
+
+    format = "hf"
+
+    def __init__(self, location: Location, options: dict[str, Any]) -> None:
+        super().__init__(location, options)
+        unknown = set(options) - {"column"}
+        if unknown:
+            raise TypeError(f"unknown Hugging Face option(s) {sorted(unknown)}; "
+                            "the only one is column=")
+        if not isinstance(location.root, Path):
+            raise FormatError("Arrow files are read in place from local folders only; "
+                              "download the folder, or convert it to a zerobatch dataset",
+                              path=location.root, field="location")
+        self._column = options.get("column", "input_ids")
+        shards: list[PeerShard] = []
+        self._offsets: list[tuple[int, int, np.dtype]] = []  # (byte, rows, dtype) per batch
+        dtypes = set()
+        for name in _arrow_files(location):
+            dtype = self._walk(name, shards)
+            if dtype is not None:
+                dtypes.add(dtype)
+        if len(dtypes) > 1:
+            raise FormatError(f"the files hold different token types {sorted(map(str, dtypes))}",
+                              path=location.root, field=self._column)
+        self.dtype = dtypes.pop() if dtypes else np.dtype("<i8")
+        self.shards = tuple(shards)
+
+    def _walk(self, name: str, shards: list[PeerShard]) -> np.dtype | None:
+        """Append ``name``'s record batches to ``shards``; its token dtype."""
+        import pyarrow as pa
+
+        path = self.path(name)
+        try:
+            source = pa.memory_map(str(path))
+        except OSError as error:
+            raise FormatError(f"cannot be read ({error})", path=path, field="files") from None
+        with source:
+            size = source.size()
+            whole = source.read_buffer(size)
+            source.seek(0)
+            try:
+                if whole.size >= 6 and whole[:6].to_pybytes() == b"ARROW1":
+                    reader: Any = pa.ipc.open_file(source)
+                    batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+                else:
+                    reader = pa.ipc.open_stream(source)
+                    batches = iter(reader)
+                schema = reader.schema
+                column, dtype = _token_column(schema, self._column, path)
+                for rows, batch in enumerate(batches):
+                    self._batch(name, batch.column(column), whole.address, size, shards, dtype,
+                                f"{self._column}[batch {rows}]")
+            except (pa.ArrowException, OSError) as error:
+                raise FormatError(f"not a readable Arrow IPC stream or file ({error}); "
+                                  "truncated or not fully written?", path=path,
+                                  field="arrow") from None
+        return dtype
+
+    def _batch(self, name: str, array: Any, base: int, size: int, shards: list[PeerShard],
+               dtype: np.dtype, field: str) -> None:
+        import pyarrow as pa
+
+        path = self.path(name)
+        buffers = array.buffers()
+        offsets, values = buffers[1], buffers[3]
+        rows = len(array)
+        width = 8 if pa.types.is_large_list(array.type) else 4
+        if offsets is None or rows == 0:
+            return
+        if array.offset or array.values.null_count:
+            raise FormatError("expected an unsliced list with no null tokens", path=path,
+                              field=field)
+        at = offsets.address - base
+        if not 0 <= at <= size - (rows + 1) * width:
+            raise FormatError("the offsets buffer is not inside the file (compressed?)",
+                              path=path, field=field)
+        bounds = np.frombuffer(offsets, f"<i{width}", 2, 0), np.frombuffer(
+            offsets, f"<i{width}", 1, rows * width)
+        first, last = int(bounds[0][0]), int(bounds[1][0])
+        tokens = last - first
+        start = (values.address - base if values is not None else 0) + first * dtype.itemsize
+        if first < 0 or tokens < 0 or (tokens and (values is None or not 0 <= start <= size
+                                                   - tokens * dtype.itemsize)):
+            raise FormatError(f"offsets {first} to {last} do not lie in the values buffer",
+                              path=path, field=field)
+        shards.append(PeerShard(name, start, tokens, rows, name))
+        self._offsets.append((at, rows, np.dtype(f"<i{width}")))
+
+    def docs(self, shard: int) -> np.ndarray:
+        message, offsets = self._problem(shard)
+        if message is not None or offsets is None:
+            raise FormatError(message or "unsound", path=self.path(self.shards[shard].tokens),
+                              field=self._column)
+        return offsets
+
+    def _problem(self, shard: int) -> tuple[str | None, np.ndarray | None]:
+        at, rows, dtype = self._offsets[shard]
+        raw = self.storage.map(self.shards[shard].tokens)
+        table = raw[at:at + (rows + 1) * dtype.itemsize].view(dtype)
+        if table.shape[0] != rows + 1:
+            return "the file changed size since it was opened", None
+        offsets = table - table[0]
+        message = checked_offsets(offsets, self.shards[shard].records,
+                                  path=self.path(self.shards[shard].tokens), field=self._column)
+        return message, offsets.astype(np.uint64) if message is None else None
+
+    def problems(self) -> list[Problem]:
+        found = []
+        for i, entry in enumerate(self.shards):
+            message, _ = self._problem(i)
+            if message is not None:
+                found.append(Problem(self.path(entry.tokens), self._column, message))
+        return found
+
+    def facts(self) -> list[tuple[str, str]]:
+        return [("column", self._column), ("record batches", f"{len(self.shards):,}")]
+
+
+def _token_column(schema: Any, name: str, path: str | Path) -> tuple[int, np.dtype]:
+    """The index and token dtype of ``name`` in ``schema``: an integer list."""
+    import pyarrow as pa
+
+    index = schema.get_field_index(name)
+    if index < 0:
+        lists = [f.name for f in schema if pa.types.is_list(f.type)
+                 or pa.types.is_large_list(f.type)]
+        raise FormatError(f"no column {name!r}; list columns: {lists} (pass column=)",
+                          path=path, field="column")
+    kind = schema.field(index).type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
+            kind.value_type):
+        raise FormatError(f"expected a list of integers, found {kind}", path=path, field=name)
+    return index, np.dtype(kind.value_type.to_pandas_dtype()).newbyteorder("<")

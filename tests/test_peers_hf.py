@@ -1,0 +1,77 @@
+"""Hugging Face save_to_disk folders read in place: written by datasets'
+own save_to_disk, compared with load_from_disk."""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+import pytest
+from _peers import check_against, check_each_once
+
+from zerobatch import FormatError, open_dataset
+from zerobatch.peers import PeerDataset
+
+
+def _rows(rng, count, vocab):
+    return [rng.integers(0, vocab, int(rng.integers(0 if i % 17 == 5 else 1, 25))).tolist()
+            for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """Two folders: int32 lists in two files of two record batches each, and
+    int64 large lists with a text column beside them."""
+    rng = np.random.default_rng(4)
+    root = tmp_path_factory.mktemp("hf")
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+    small = datasets.Dataset.from_dict({"input_ids": _rows(rng, 2300, 50_000)}, features=features)
+    small.save_to_disk(str(root / "i32"), num_shards=2)
+    large = datasets.Features({"text": datasets.Value("string"),
+                               "ids": datasets.LargeList(datasets.Value("int64"))})
+    rows = _rows(rng, 120, 300_000)
+    wide = datasets.Dataset.from_dict({"text": ["x" * len(r) for r in rows], "ids": rows},
+                                      features=large)
+    wide.save_to_disk(str(root / "i64"))
+    return root
+
+
+def _reference(folder, column):
+    loaded = datasets.load_from_disk(str(folder)).with_format("numpy")
+    documents = [np.asarray(row, dtype=loaded.features[column].feature.dtype
+                            if hasattr(loaded.features[column], "feature") else np.int64)
+                 for row in loaded[column]]
+    return np.concatenate(documents), documents
+
+
+@pytest.mark.parametrize(("name", "column"), [("i32", "input_ids"), ("i64", "ids")])
+def test_windows_and_documents_equal_load_from_disk(saved, name, column):
+    tokens, documents = _reference(saved / name, column)
+    options = {} if column == "input_ids" else {"column": column}
+    with open_dataset(saved / name, **options) as ds:
+        assert isinstance(ds, PeerDataset) and ds.format == "hf"
+        assert ds.verify() == []
+        assert ds.manifest.record_dtype.itemsize == (4 if name == "i32" else 8)
+        tokens = tokens.astype(ds.manifest.record_dtype)
+        check_against(ds, tokens, documents)
+        check_each_once(ds)
+        if name == "i32":
+            assert len(ds.files.shards) > 2  # several record batches in each of two files
+
+
+def test_one_arrow_file_and_errors(saved, tmp_path):
+    arrow = sorted((saved / "i32").glob("*.arrow"))[0]
+    with open_dataset(arrow) as ds:
+        rows = datasets.Dataset.from_file(str(arrow))["input_ids"]
+        assert ds.num_documents == sum(1 for row in rows if row)  # empty rows are no documents
+    with pytest.raises(FormatError, match="no column 'input_ids'"):
+        open_dataset(saved / "i64")
+    with pytest.raises(FormatError, match="list of integers"):
+        open_dataset(saved / "i64", column="text")
+    bad = tmp_path / "cut.arrow"
+    bad.write_bytes(arrow.read_bytes()[:-300])
+    with pytest.raises(FormatError, match="Arrow") as error:
+        open_dataset(bad)
+    assert error.value.path.endswith("cut.arrow")
+    bad.write_bytes(b"\xff\xff\xff\xff" + b"\x7f" * 64)
+    with pytest.raises(FormatError):
+        open_dataset(bad)
