@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps litdata  # peers tests; its torchvision would replace torch
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerobatch.errors import FormatError
-from zerobatch.peers import datatrove, hf, megatron
+from zerobatch.peers import datatrove, hf, litdata, megatron
 from zerobatch.peers._base import Location, PeerDataset, PeerFiles, locate
 from zerobatch.peers.datatrove import DatatroveFiles
 from zerobatch.peers.hf import HFFiles
+from zerobatch.peers.litdata import LitDataFiles
 from zerobatch.peers.megatron import MegatronFiles
 from zerobatch.stream.reader import Dataset, register_peer_formats
 
@@ -28,12 +29,13 @@ FORMATS: dict[str, type[PeerFiles]] = {
     "megatron": MegatronFiles,
     "datatrove": DatatroveFiles,
     "hf": HFFiles,
+    "litdata": LitDataFiles,
 }
 """Every peer format by name, in the order ``detect`` tries them."""
 
 
 _DETECT: dict[str, Any] = {"megatron": megatron.detect, "datatrove": datatrove.detect,
-                           "hf": hf.detect}
+                           "hf": hf.detect, "litdata": litdata.detect}
 
 
 def detect(location: Location) -> str | None:

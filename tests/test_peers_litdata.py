@@ -1,0 +1,106 @@
+"""LitData token chunks read in place: written by litdata.optimize with
+TokensLoader, compared with litdata's own StreamingDataset."""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+
+import numpy as np
+import pytest
+import torch
+from _peers import check_against, check_each_once
+from litdata import StreamingDataset, TokensLoader, optimize
+
+from zerobatch import FormatError, open_dataset
+from zerobatch.peers import PeerDataset
+
+DOCUMENTS = 60
+
+
+def _documents(i):
+    rng = np.random.default_rng(i)
+    for _ in range(3):
+        yield torch.tensor(rng.integers(0, 70_000, int(rng.integers(1, 40))), dtype=torch.int32)
+
+
+@pytest.fixture(scope="module")
+def chunks(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("litdata") / "out"
+    optimize(fn=_documents, inputs=list(range(DOCUMENTS // 3)), output_dir=str(folder),
+             chunk_size=200, item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+    return folder
+
+
+def _reference(folder):
+    """Documents from each chunk's item offsets, tokens in index.json's order."""
+    documents = []
+    for chunk in json.loads((folder / "index.json").read_text())["chunks"]:
+        raw = (folder / chunk["filename"]).read_bytes()
+        n = int(np.frombuffer(raw, "<u4", 1)[0])
+        offsets = np.frombuffer(raw, "<u4", n + 1, 4)
+        documents += [np.frombuffer(raw[a:b], "<i4") for a, b in pairwise(offsets)]
+    return np.concatenate(documents), documents
+
+
+def test_windows_and_documents(chunks):
+    tokens, documents = _reference(chunks)
+    assert len(documents) == DOCUMENTS
+    with open_dataset(chunks) as ds:
+        assert isinstance(ds, PeerDataset) and ds.format == "litdata"
+        assert ds.verify() == [] and len(ds.files.shards) > 1
+        check_against(ds, tokens, documents)
+        check_each_once(ds)
+
+
+def test_windows_equal_litdatas_own_blocks(chunks):
+    """LitData's items are blocks of block_size tokens inside each chunk (its
+    tail dropped): ours with seq_len = block_size - 1 at the same tokens."""
+    block = 9
+    reference = StreamingDataset(str(chunks), item_loader=TokensLoader(block_size=block),
+                                 shuffle=False)
+    index = json.loads((chunks / "index.json").read_text())["chunks"]
+    firsts = np.cumsum([0] + [c["dim"] for c in index])
+    with open_dataset(chunks) as ds:
+        windows = ds.windows(block - 1, stride=1)
+        item = 0
+        for c, chunk in enumerate(index):
+            for j in range(chunk["dim"] // block):
+                got = windows.read([int(firsts[c]) + j * block])
+                row = np.append(got["input_ids"][0], got["labels"][0][-1])
+                np.testing.assert_array_equal(row, reference[item].numpy())
+                item += 1
+        assert item == len(reference)
+
+
+def test_hostile_index_and_chunks(chunks, tmp_path):
+    import shutil
+
+    folder = tmp_path / "c"
+    shutil.copytree(chunks, folder)
+    index = json.loads((folder / "index.json").read_text())
+    for change, field in ((lambda x: x["config"].update(item_loader="PyTreeLoader"),
+                           "item_loader"),
+                          (lambda x: x["config"].update(compression="zstd"), "compression"),
+                          (lambda x: x["config"].update(data_format=["no_header_tensor:0"]),
+                           "data_format"),
+                          (lambda x: x["chunks"][0].update(filename="../etc"), "filename"),
+                          (lambda x: x["chunks"][1].update(dim=-1), "dim"),
+                          (lambda x: x["chunks"][1].update(dim=3), "bytes")):
+        bad = json.loads(json.dumps(index))
+        change(bad)
+        (folder / "index.json").write_text(json.dumps(bad))
+        with pytest.raises(FormatError, match=field):
+            open_dataset(folder, format="litdata")
+    (folder / "index.json").write_text(json.dumps(index))
+    first = folder / index["chunks"][0]["filename"]
+    raw = bytearray(first.read_bytes())
+    raw[8:12] = (2**31).to_bytes(4, "little")  # the second item's offset past the chunk
+    first.write_bytes(bytes(raw))
+    with open_dataset(folder) as ds:
+        with pytest.raises(FormatError, match="offsets"):
+            ds.documents().read([0])
+        assert [p.field for p in ds.verify()] == ["offsets"]
+    (folder / "index.json").write_text("{\"chunks\": [")
+    with pytest.raises(FormatError, match="index"):
+        open_dataset(folder, format="litdata")
