@@ -49,3 +49,37 @@ def check_each_once(ds, *, seq_len: int = 5, batch_size: int = 6) -> None:
     seen = np.concatenate([np.asarray(b.meta.global_indexes)[~np.asarray(b["padding"])]
                            for b in loader])
     assert np.array_equal(np.sort(seen), np.arange(len(windows)))
+
+
+def upload(folder, s3, names=None) -> str:
+    """The files of ``folder`` (or ``names`` of them) copied to a fresh prefix of
+    moto's S3; returns its URL."""
+    from zerobatch.storage import open_storage
+
+    url = s3.url("peer")
+    store = open_storage(url, **s3.storage_options())
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and (names is None or path.name in names):
+            store.put(path.name, path)
+    store.close()
+    return url
+
+
+def check_same(local, remote, *, seq_len: int = 7) -> None:
+    """``remote`` reads what ``local`` reads: windows (every column), documents."""
+    assert (remote.num_tokens, remote.num_documents) == (local.num_tokens, local.num_documents)
+    assert remote.describe().split("\n")[2:] == local.describe().split("\n")[2:]
+    windows = local.windows(seq_len)
+    order = np.random.default_rng(1).permutation(len(windows))[:40]
+    a, b = windows.read(order), remote.windows(seq_len).read(order)
+    assert a.fields == b.fields
+    for name in a.fields:
+        for part in ("values", "offsets") if hasattr(a[name], "offsets") else (None,):
+            x, y = (a[name], b[name]) if part is None else (getattr(a[name], part),
+                                                            getattr(b[name], part))
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    docs = np.arange(local.num_documents)[::-3]
+    for x, y in zip(local.documents().read(docs)["input_ids"],
+                    remote.documents().read(docs)["input_ids"], strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    check_each_once(remote)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _peers import check_against, check_each_once
+from _peers import check_against, check_each_once, check_same, upload
 from datatrove.pipeline.tokens.tokenizer import TokenizedFile
 from datatrove.utils.dataset import DatatroveFileDataset, DatatroveFolderDataset
 
@@ -138,3 +138,12 @@ def test_hostile_files(folders, tmp_path):
     meta.write_text("gpt2|7\n10")
     with pytest.raises(FormatError, match="token_size"):
         open_dataset(folder, format="datatrove")
+
+
+def test_from_s3(folders, s3):
+    url = upload(folders[4], s3)
+    with open_dataset(folders[4]) as local, \
+            open_dataset(url, storage_options=s3.storage_options()) as remote:
+        assert remote.format == "datatrove" and remote.fields == ("loss_mask",)
+        check_same(local, remote)
+        assert remote.verify() == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datasets
 import numpy as np
 import pytest
-from _peers import check_against, check_each_once
+from _peers import check_against, check_each_once, upload
 
 from zerobatch import FormatError, open_dataset
 from zerobatch.peers import PeerDataset
@@ -75,3 +75,9 @@ def test_one_arrow_file_and_errors(saved, tmp_path):
     bad.write_bytes(b"\xff\xff\xff\xff" + b"\x7f" * 64)
     with pytest.raises(FormatError):
         open_dataset(bad)
+
+
+def test_from_s3_is_refused_with_what_to_do(saved, s3):
+    url = upload(saved / "i32", s3)
+    with pytest.raises(FormatError, match="local folders only"):
+        open_dataset(url, storage_options=s3.storage_options())

@@ -9,7 +9,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 import torch
-from _peers import check_against, check_each_once
+from _peers import check_against, check_each_once, check_same, upload
 from litdata import StreamingDataset, TokensLoader, optimize
 
 from zerobatch import FormatError, open_dataset
@@ -104,3 +104,12 @@ def test_hostile_index_and_chunks(chunks, tmp_path):
     (folder / "index.json").write_text("{\"chunks\": [")
     with pytest.raises(FormatError, match="index"):
         open_dataset(folder, format="litdata")
+
+
+def test_from_s3(chunks, s3):
+    url = upload(chunks, s3)
+    with open_dataset(chunks) as local, \
+            open_dataset(url, storage_options=s3.storage_options()) as remote:
+        assert remote.format == "litdata"
+        check_same(local, remote)
+        assert remote.verify() == []

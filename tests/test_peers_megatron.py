@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 import torch
-from _peers import check_against, check_each_once
+from _peers import check_against, check_each_once, check_same, upload
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from zerobatch import FormatError, open_dataset
@@ -175,3 +175,16 @@ def test_multimodal_inferred_from_the_size(tmp_path):
         assert [list(np.asarray(d)) for d in docs] == [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     with pytest.raises(FormatError, match="multimodal"):
         open_dataset(tmp_path / "mm", format="megatron", multimodal=False)
+
+
+def test_from_s3_by_folder_and_prefix(corpora, s3):
+    folder, prefixes = corpora["i32"]
+    url = upload(folder, s3)
+    options = s3.storage_options()
+    with open_dataset(folder) as local, open_dataset(url, storage_options=options) as remote:
+        assert isinstance(remote, PeerDataset) and remote.format == "megatron"
+        check_same(local, remote)
+        assert remote.verify() == []
+    with open_dataset(prefixes[1]) as local, \
+            open_dataset(f"{url}/{prefixes[1].name}", storage_options=options) as remote:
+        check_same(local, remote)
