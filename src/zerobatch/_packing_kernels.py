@@ -9,14 +9,10 @@ import numpy as np
 from numba import njit
 
 __all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_rows",
-           "make_pieces", "pack_window", "reorder_rows"]
+           "make_pieces", "reorder_rows", "scatter_rows"]
 
 TRUNCATE, SPLIT, DROP = 0, 1, 2
 POLICIES = {"truncate": TRUNCATE, "split": SPLIT, "drop": DROP}
-
-# stats of a window, in this order (see packing.WindowStats)
-_STATS = 7
-
 
 @njit(cache=True, nogil=True)
 def make_pieces(lengths: np.ndarray, seq_len: int, policy: int
@@ -160,20 +156,6 @@ def reorder_rows(row_of: np.ndarray, rows: int, rank: np.ndarray
     return order, offsets
 
 
-def pack_window(lengths: np.ndarray, seq_len: int, policy: int, rank: np.ndarray | None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Pack one window: (doc, start, size) per piece grouped by row, the row
-    offsets, and the stats of :func:`make_pieces`. ``rank`` permutes the rows
-    (None: packing order); it must be a permutation of the row count, which
-    the caller learns from a first call with ``rank=None`` -- see packing."""
-    doc, start, size, stats = make_pieces(lengths, seq_len, policy)
-    row_of, rows = best_fit_decreasing(size, seq_len)
-    if rank is None:
-        rank = np.arange(rows, dtype=np.int64)
-    order, offsets = reorder_rows(row_of, rows, rank)
-    return doc[order], start[order], size[order], offsets, stats
-
-
 @njit(cache=True, nogil=True)
 def fill_rows(values: np.ndarray, offsets: np.ndarray, start: np.ndarray, size: np.ndarray,
               row_offsets: np.ndarray, out: np.ndarray) -> None:
@@ -188,3 +170,18 @@ def fill_rows(values: np.ndarray, offsets: np.ndarray, start: np.ndarray, size: 
             for i in range(size[p]):
                 out[b, at + i] = values[begin + i]
             at += size[p]
+
+
+@njit(cache=True, nogil=True)
+def scatter_rows(sel: np.ndarray, lo: np.ndarray, hi: np.ndarray, row_offsets: np.ndarray,
+                 doc: np.ndarray, start: np.ndarray, size: np.ndarray, out_doc: np.ndarray,
+                 out_start: np.ndarray, out_size: np.ndarray) -> None:
+    """Batch row ``sel[j]`` gets a window's pieces ``lo[j]:hi[j]`` at
+    ``row_offsets[sel[j]]`` of the output piece arrays."""
+    for j in range(sel.shape[0]):
+        at = row_offsets[sel[j]]
+        for p in range(lo[j], hi[j]):
+            out_doc[at] = doc[p]
+            out_start[at] = start[p]
+            out_size[at] = size[p]
+            at += 1

@@ -262,52 +262,59 @@ class PackedRows:
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The rows of ``indices`` (row ids, see the module docstring) as one Batch."""
         ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).reshape(-1)
-        epochs, windows, rows = ids >> (_ROW_BITS + _WINDOW_BITS), \
-            (ids >> _ROW_BITS) & _WINDOW_MASK, ids & _ROW_MASK
-        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        windows, rows = (ids >> _ROW_BITS) & _WINDOW_MASK, ids & _ROW_MASK
+        bad = np.flatnonzero((ids < 0) | (windows >= self._windows_per_epoch))
+        if bad.shape[0]:
+            raise IndexError(f"row id {int(ids[bad[0]])} names window "
+                             f"{int(windows[bad[0]])}; an epoch has {self._windows_per_epoch}")
+        keys, inverse = np.unique(ids >> _ROW_BITS, return_inverse=True)
         counts = np.empty(ids.shape[0], np.int64)
-        for i in range(ids.shape[0]):
-            epoch, w, r = int(epochs[i]), int(windows[i]), int(rows[i])
-            if ids[i] < 0 or w >= self._windows_per_epoch:
-                raise IndexError(f"row id {int(ids[i])} names window {w}; an epoch has "
-                                 f"{self._windows_per_epoch}")
+        groups = []
+        for k, key in enumerate(keys.tolist()):  # the windows the rows come from
+            epoch, w = key >> _WINDOW_BITS, key & _WINDOW_MASK
+            sel = np.flatnonzero(inverse == k)
             packed = self._window(epoch, w)
-            if r >= packed.rows:
-                raise IndexError(f"row id {int(ids[i])}: window {w} of epoch {epoch} has "
-                                 f"{packed.rows} rows, not {r + 1}")
+            r = rows[sel]
+            if int(r.max()) >= packed.rows:
+                raise IndexError(f"row id {int(ids[sel[r.argmax()]])}: window {w} of epoch "
+                                 f"{epoch} has {packed.rows} rows, not {int(r.max()) + 1}")
             lo, hi = packed.row_offsets[r], packed.row_offsets[r + 1]
-            pieces.append((packed.doc[lo:hi], packed.start[lo:hi], packed.size[lo:hi]))
-            counts[i] = hi - lo
+            counts[sel] = hi - lo
+            groups.append((sel, lo, hi, packed))
         row_offsets = np.zeros(ids.shape[0] + 1, np.int64)
         np.cumsum(counts, out=row_offsets[1:])
-        empty = np.zeros(0, np.int64)
-        doc = np.concatenate([p[0] for p in pieces]) if pieces else empty
-        start = np.concatenate([p[1] for p in pieces]) if pieces else empty
-        size = np.concatenate([p[2] for p in pieces]) if pieces else empty
-        read = self._docs.read(doc)
-        tokens = read["input_ids"]
-        assert isinstance(tokens, Jagged)
-        input_ids = np.full((ids.shape[0], self.seq_len), self.pad_id, tokens.values.dtype)
-        pk.fill_rows(tokens.values, tokens.offsets, start, size, row_offsets, input_ids)
+        total = int(row_offsets[-1])
+        doc, start, size = (np.empty(total, np.int64) for _ in range(3))
+        for sel, lo, hi, packed in groups:
+            pk.scatter_rows(sel, lo, hi, row_offsets, packed.doc, packed.start, packed.size,
+                            doc, start, size)
+        if self.loss_spans is None:  # the stored records: no cast, no Batch, no metadata
+            records, offsets = self._docs.records(doc)
+            field = self._docs._ds.manifest.token_field
+            values = records if field is None else records[field]
+            mask = None if self.loss_mask is None else records[self.loss_mask]
+        else:
+            read = self._docs.read(doc)
+            tokens = read["input_ids"]
+            assert isinstance(tokens, Jagged)
+            values, offsets = tokens.values, tokens.offsets
+            mask = self._span_mask(read, tokens)
+        dtype = self._docs._dtype or values.dtype
+        input_ids = np.full((ids.shape[0], self.seq_len), self.pad_id, dtype)
+        pk.fill_rows(values, offsets, start, size, row_offsets, input_ids)
         columns: dict[str, Any] = {"input_ids": input_ids}
-        mask = self._token_mask(read, tokens)
         if mask is not None:
-            loss_mask = np.zeros((ids.shape[0], self.seq_len), np.uint8)
-            pk.fill_rows(mask, tokens.offsets, start, size, row_offsets, loss_mask)
+            loss_mask = np.zeros((ids.shape[0], self.seq_len), mask.dtype)  # 0 = no loss
+            pk.fill_rows(mask, offsets, start, size, row_offsets, loss_mask)
             columns["loss_mask"] = loss_mask
         columns["seqlens"] = Jagged(size, row_offsets)
         columns["doc_ids"] = Jagged(doc, row_offsets)
         columns["doc_starts"] = Jagged(start, row_offsets)
         return Batch.from_columns(columns, BatchMeta(ids, production_status=np.ones(len(ids))))
 
-    def _token_mask(self, read: Batch, tokens: Jagged) -> np.ndarray | None:
-        """The per-token loss mask of the documents read (uint8, over their tokens)."""
-        if self.loss_mask is not None:
-            field = read[self.loss_mask]
-            assert isinstance(field, Jagged)
-            return (np.asarray(field.values) != 0).astype(np.uint8)
-        if self.loss_spans is None:
-            return None
+    def _span_mask(self, read: Batch, tokens: Jagged) -> np.ndarray:
+        """The per-token loss mask of the documents read (uint8, over their
+        tokens): 1 inside spans of kind ``loss_spans``."""
         mask = np.zeros(tokens.values.shape[0], np.uint8)
         if "metadata" not in read:
             return mask
@@ -329,7 +336,7 @@ class PackedRows:
         out = varlen_columns(cols["input_ids"], cols["seqlens"], labels=self.labels,
                              loss_mask=cols.get("loss_mask"),
                              attention_mask=self.attention_mask,
-                             cu_seqlens_size=self.cu_seqlens_size)
+                             cu_seqlens_size=self.cu_seqlens_size, jax=output == "jax")
         padding = cols.get("padding")
         if padding is not None:
             out["labels"][np.asarray(padding, bool)] = IGNORE_INDEX
@@ -589,13 +596,21 @@ class PackedPlan(Plan):
         positions = (int(consumed) + rank
                      + self.world_size * np.arange(steps * self.batch_size, dtype=np.int64))
         walk = rows._walk(epoch)
+        rows._locate(epoch, walk, int(positions[-1]))  # packs the windows the step reaches
+        with rows._lock:
+            starts = np.array(walk.starts, np.int64)
+            total = walk.total
+        if int(positions[0]) < int(starts[0]):
+            raise ValueError(f"row {int(positions[0])} of epoch {epoch} is before the resumed "
+                             f"position {int(starts[0])}")
+        inside = positions < (starts[-1] if total is None else total)
+        w = np.searchsorted(starts, positions[inside], side="right") - 1
         ids = np.empty(positions.shape[0], np.int64)
-        for i, g in enumerate(positions.tolist()):
-            where = rows._locate(epoch, walk, g)
-            if where is None:  # pads the last step: the epoch's first rows again
-                where = self._wrap(epoch, g - (walk.total or 0))
-            w, r = where
-            ids[i] = (epoch << (_ROW_BITS + _WINDOW_BITS)) | (w << _ROW_BITS) | r
+        ids[inside] = ((epoch << (_ROW_BITS + _WINDOW_BITS)) | ((walk.first + w) << _ROW_BITS)
+                       | (positions[inside] - starts[w]))
+        for i in np.flatnonzero(~inside).tolist():  # pads the last step: the first rows again
+            pw, pr = self._wrap(epoch, int(positions[i]) - (total or 0))
+            ids[i] = (epoch << (_ROW_BITS + _WINDOW_BITS)) | (pw << _ROW_BITS) | pr
         return ids.reshape(steps, self.batch_size)
 
     def _wrap(self, epoch: int, past: int) -> tuple[int, int]:

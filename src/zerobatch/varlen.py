@@ -184,13 +184,14 @@ def segment_layout(seqlens: Any, rows: int, seq_len: int) -> dict[str, Any]:
 def varlen_columns(
     input_ids: Any, seqlens: Any, *, labels: Literal["shifted", "aligned"] | None = "shifted",
     loss_mask: Any = None, attention_mask: bool = False, cu_seqlens_size: int | None = None,
+    jax: bool = True,
 ) -> dict[str, Any]:
     """The varlen contract (module docstring) of ``input_ids`` (``[B, seq_len]``)
     whose rows hold segments of lengths ``seqlens``, as NumPy arrays (and the
     host int ``max_seqlen``). ``labels=None`` computes no labels; ``loss_mask``
     (``[B, seq_len]``, nonzero = take the loss) masks them. Also returns
-    ``segment_ids`` and ``positions`` (JAX's names; drop what you do not use,
-    or convert with :func:`to_output`)."""
+    ``segment_ids`` and ``positions`` (JAX's names; ``jax=False`` skips
+    them) -- drop what you do not use, or convert with :func:`to_output`."""
     ids = np.asarray(input_ids)
     if ids.ndim != 2:
         raise ValueError(f"input_ids must be [B, seq_len], got shape {ids.shape}")
@@ -222,8 +223,9 @@ def varlen_columns(
     out["cu_seqlens"] = cu
     out["max_seqlen"] = layout["max_seqlen"]
     out["seq_idx"] = layout["seq_idx"]
-    out["segment_ids"] = layout["segment_ids"]
-    out["positions"] = layout["position_ids"].astype(np.int32)
+    if jax:
+        out["segment_ids"] = layout["segment_ids"]
+        out["positions"] = layout["position_ids"].astype(np.int32)
     if attention_mask:
         out["attention_mask"] = (np.arange(seq_len)[None, :] < used[:, None]).astype(np.int64)
     return out

@@ -698,6 +698,23 @@ class Documents:
         self._ds._check(code, shard)
         return np.diff(offsets)
 
+    def records(self, indices: Sequence[int] | npt.NDArray[np.integer]
+                ) -> tuple[np.ndarray, npt.NDArray[np.int64]]:
+        """The stored records of the documents of ``indices`` back to back
+        (the token, per-token fields), and their offsets ``[len + 1]``: what
+        ``read`` reads, without casting or building a Batch. The records are a
+        view of a recycled buffer: copy what you keep past the next reads."""
+        ds = self._ds
+        idx = _indices(indices)
+        pieces, offsets, bad, code, shard = ds._plan_documents(idx, self._max_len or 0)
+        if bad >= 0:
+            raise IndexError(f"document {int(idx[bad])} is out of range for {len(self)}")
+        ds._check(code, shard)
+        itemsize = ds.manifest.record_dtype.itemsize
+        buffer = ds._arena.take(int(offsets[-1]) * itemsize)[:int(offsets[-1]) * itemsize]
+        requests, closed = k.read_requests(pieces, ds._token_handles, itemsize)
+        return ds._read_records(pieces, requests, closed, buffer), offsets
+
     def packed(self, seq_len: int, **options: Any) -> PackedRows:
         """These documents packed into rows of at most ``seq_len`` tokens
         (``zerobatch.packing.PackedRows``: ``window``, ``policy``, ``labels``,
