@@ -7,7 +7,7 @@ BENCH_VENV := .bench-venv
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,10 +21,14 @@ demo: $(STAMP)
 	$(PY) -m zerobatch.demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docs
 	$(VENV)/bin/mypy src/zerobatch
 
-test: lint
+# The site (docs/conf.py), strict: a broken reference or malformed docstring fails.
+docs: $(STAMP)
+	$(PY) -m sphinx -b html -n -W --keep-going -q docs build/docs/html -d build/docs/doctrees
+
+test: lint docs
 	$(PY) -m pytest
 
 $(BENCH_STAMP): pyproject.toml constraints.txt

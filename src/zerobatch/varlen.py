@@ -10,25 +10,25 @@ the columns FlashAttention's varlen kernels, the transformers padding-free
 path, Mamba layers and JAX's Grain/MaxText consume, computed by one Numba
 kernel, no Python loop per row or segment:
 
-==================  ===============  ==========================================
-name                shape, dtype     meaning
-==================  ===============  ==========================================
-``input_ids``       [B, seq_len]     tokens; padding is ``pad_id`` (0)
-``labels``          [B, seq_len]     see below; -100 where no loss is taken
-``position_ids``    [B, seq_len] i64 0, 1, ... restarting at every segment
-``cu_seqlens``      [S + 1] int32    ONE flat array over the flattened batch
-                                     (``B * seq_len`` tokens): segment ``s``
-                                     is tokens ``cu[s]:cu[s + 1]`` of
-                                     ``input_ids.reshape(-1)``
-``max_seqlen``      host ``int``     the longest segment in ``cu_seqlens``
-``seq_idx``         [B, seq_len] i32 the segment (index into ``cu_seqlens``)
-                                     each token belongs to
-``attention_mask``  [B, seq_len] i64 1 on tokens, 0 on padding; only with
-                                     ``attention_mask=True``
-``segment_ids``     [B, seq_len] i32 JAX (``output="jax"``): 1, 2, ... per
-                                     segment within the row, 0 on padding
-``positions``       [B, seq_len] i32 JAX: ``position_ids``
-==================  ===============  ==========================================
+==================  ================  ==========================================
+name                shape, dtype      meaning
+==================  ================  ==========================================
+``input_ids``       [B, seq_len]      tokens; padding is ``pad_id`` (0)
+``labels``          [B, seq_len]      see below; -100 where no loss is taken
+``position_ids``    [B, seq_len] i64  0, 1, ... restarting at every segment
+``cu_seqlens``      [S + 1] int32     ONE flat array over the flattened batch
+                                      (``B * seq_len`` tokens): segment ``s``
+                                      is tokens ``cu[s]:cu[s + 1]`` of
+                                      ``input_ids.reshape(-1)``
+``max_seqlen``      host ``int``      the longest segment in ``cu_seqlens``
+``seq_idx``         [B, seq_len] i32  the segment (index into ``cu_seqlens``)
+                                      each token belongs to
+``attention_mask``  [B, seq_len] i64  1 on tokens, 0 on padding; only with
+                                      ``attention_mask=True``
+``segment_ids``     [B, seq_len] i32  JAX (``output="jax"``): 1, 2, ... per
+                                      segment within the row, 0 on padding
+``positions``       [B, seq_len] i32  JAX: ``position_ids``
+==================  ================  ==========================================
 
 A row's padding tail (when ``n_b < seq_len``) is a segment of its own in
 ``cu_seqlens``, ``seq_idx`` and ``position_ids`` (restarting at 0), so every

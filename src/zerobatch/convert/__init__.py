@@ -1,4 +1,4 @@
-"""Convert texts (JSONL, Parquet, Arrow, text files) into token datasets.
+"""Convert texts (JSONL, Parquet, Arrow, text files) into token datasets::
 
     from zerobatch.convert import convert
     convert("corpus/*.jsonl.zst", "dataset", tokenizer="tokenizer.json",

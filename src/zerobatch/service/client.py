@@ -28,9 +28,9 @@ class BatchClient:
     Args:
         addresses: one server address or several serving the same dataset;
             requests spread over them and move to another when one dies.
-        batch_size, seed, shuffle, rank, world_size, drop_last, output, epochs,
-            block_size, transform, pin_memory, device: as ``Loader``. The
-            token dtype is the server's: its source's ``dtype=``.
+        batch_size, seed, shuffle, rank, world_size, drop_last: as ``Loader``.
+        output, epochs, block_size, transform, pin_memory, device: as
+            ``Loader``. The token dtype is the server's: its source's ``dtype=``.
         prefetch: requests kept in flight (the credit window), at least 1.
         timeout: seconds a server may leave a request unanswered before its
             requests go elsewhere; with no reply from any server for this

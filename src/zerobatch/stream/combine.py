@@ -63,8 +63,8 @@ def combine(
     on shard boundaries). Every input must have the same record dtype, metadata
     serializer, format version and tokenizer (``ValueError`` otherwise) and its files the sizes
     its manifest gives (``FormatError``). ``output`` must not hold a dataset; what
-a killed ``combine`` or writer left there is removed first, so rerunning after
-a kill completes (as for ``StreamWriter``).
+    a killed ``combine`` or writer left there is removed first, so rerunning after
+    a kill completes (as for ``StreamWriter``).
 
     Any of them may be an object-store URL (``storage_options`` apply to all
     URLs): shards of inputs in the output's bucket are copied inside the store;
