@@ -52,7 +52,7 @@ from zerobatch.source import (
 
 # Source, fingerprint, read_step and resolve_rank live in zerobatch.source; they
 # stay importable from here for code written before the split.
-__all__ = ["Loader", "Source", "fingerprint", "read_step", "resolve_rank"]
+__all__ = ["Loader", "Output", "Source", "fingerprint", "read_step", "resolve_rank"]
 
 OUTPUTS = ("torch", "numpy", "batch")
 _DEPRECATED = {"pin_memory": "zerobatch.torch.TorchOutput(pin_memory=...)",

@@ -3,18 +3,18 @@
 A folder (or prefix) holds, per tokenized file ``<name>.ds`` (datatrove's
 ``TokenizedFile``; read by nanotron and datatrove's ``DatatroveFolderDataset``):
 
-==================  ===========================================================
-file                layout
-==================  ===========================================================
-``<name>.ds``       headerless little-endian tokens, ``token_size`` bytes each:
-                    2 (``<u2``) or 4 (``<u4``)
-``<name>.ds.index`` ``<u8`` document ends, in tokens, no header: one per
-                    document, non-decreasing, the last one the file's tokens
-``<name>.ds.loss``  optional: one byte per token, 0 or 1 (the loss mask);
-                    read as the per-token field ``loss_mask`` (``u1``)
+======================  ===========================================================
+file                    layout
+======================  ===========================================================
+``<name>.ds``           headerless little-endian tokens, ``token_size`` bytes each:
+                        2 (``<u2``) or 4 (``<u4``)
+``<name>.ds.index``     ``<u8`` document ends, in tokens, no header: one per
+                        document, non-decreasing, the last one the file's tokens
+``<name>.ds.loss``      optional: one byte per token, 0 or 1 (the loss mask);
+                        read as the per-token field ``loss_mask`` (``u1``)
 ``<name>.ds.metadata``  optional text: first line ``<tokenizer>|<token_size>``
-                    (the tokenizer name may itself hold ``|``), then the tokens
-==================  ===========================================================
+                        (the tokenizer name may itself hold ``|``), then the tokens
+======================  ===========================================================
 
 ``token_size`` comes from the ``token_size=`` option, else the metadata
 file, else the ``.ds`` size over the last document end (the index's last

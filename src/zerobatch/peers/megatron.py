@@ -3,21 +3,21 @@ datatrove's Megatron writer), read in place.
 
 ``<prefix>.idx``, little-endian, as megatron-core's ``_IndexWriter`` writes it:
 
-=========  ========================  =============================================
-offset     field                     value
-=========  ========================  =============================================
-0          magic (9 bytes)           ``MMIDIDX\\x00\\x00`` (``MAGIC``)
-9          version (``<Q``)          1 (``VERSION``)
-17         dtype code (``<B``)       1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 8 u16
-                                     (6 f64 and 7 f32 are not token ids: refused)
+=========  ==========================  =============================================
+offset     field                       value
+=========  ==========================  =============================================
+0          magic (9 bytes)             ``MMIDIDX\\x00\\x00`` (``MAGIC``)
+9          version (``<Q``)            1 (``VERSION``)
+17         dtype code (``<B``)         1 u8, 2 i8, 3 i16, 4 i32, 5 i64, 8 u16
+                                       (6 f64 and 7 f32 are not token ids: refused)
 18         sequences S (``<Q``)
-26         document count D (``<Q``)  entries of ``document_indices`` (documents + 1)
-34         lengths                   S ``<i4``: tokens per sequence
-34 + 4S    pointers                  S ``<i8``: byte offset of each sequence in .bin
-34 + 12S   document_indices          D ``<i8``: sequence index where each document
-                                     starts, then S
-34+12S+8D  modes (multimodal only)   S ``<i1``; nothing flags them but the size
-=========  ========================  =============================================
+26         document count D (``<Q``)   entries of ``document_indices`` (documents + 1)
+34         lengths                     S ``<i4``: tokens per sequence
+34 + 4S    pointers                    S ``<i8``: byte offset of each sequence in .bin
+34 + 12S   document_indices            D ``<i8``: sequence index where each document
+                                       starts, then S
+34+12S+8D  modes (multimodal only)     S ``<i1``; nothing flags them but the size
+=========  ==========================  =============================================
 
 ``<prefix>.bin`` is the tokens of every sequence back to back, headerless.
 Document ``d`` is sequences ``[document_indices[d], document_indices[d+1])``.
