@@ -405,6 +405,102 @@ for _target in (
     register(_target)
 
 
+# ------------------------------------------------ peer formats (zerobatch.peers)
+# Seeds are written by each peer's own package (megatron-core, datatrove,
+# litdata, datasets), imported in the parent only.
+
+
+def _megatron_seeds() -> list[Files]:
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    rng = np.random.default_rng(0)
+    seeds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for k, dtype in enumerate((np.uint16, np.int32)):
+            folder = Path(tmp) / str(k)
+            folder.mkdir()
+            for part in range(2):
+                builder = IndexedDatasetBuilder(str(folder / f"p{part}.bin"), dtype=dtype)
+                for _ in range(4):
+                    for _ in range(int(rng.integers(1, 3))):
+                        builder.add_item(torch.from_numpy(rng.integers(0, 5000, 9)))
+                    builder.end_document()
+                builder.finalize(str(folder / f"p{part}.idx"))
+            seeds.append(_folder_files(folder))
+    return seeds
+
+
+def _datatrove_seeds() -> list[Files]:
+    from datatrove.pipeline.tokens.tokenizer import TokenizedFile
+
+    rng = np.random.default_rng(1)
+    seeds = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for size in (2, 4):
+            folder = Path(tmp) / str(size)
+            for part in range(2):
+                file = TokenizedFile(str(folder), f"{part}.ds", save_loss_metadata=True,
+                                     token_size=size, save_final_metadata=True)
+                for _ in range(4):
+                    tokens = rng.integers(0, 5000, int(rng.integers(1, 9))).tolist()
+                    file.write(tokens, rng.random(len(tokens)) < 0.5)
+                file.close()
+            seeds.append(_folder_files(folder))
+    return seeds
+
+
+def _litdata_seeds() -> list[Files]:
+    """Chunks by litdata's BinaryWriter, the writer ``optimize`` runs in its workers."""
+    import torch
+    from litdata import TokensLoader
+    from litdata.streaming.writer import BinaryWriter
+
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = BinaryWriter(tmp, chunk_size=40, item_loader=TokensLoader())
+        for k in range(18):
+            writer[k] = torch.arange(k, k + 5 + k % 3, dtype=torch.int32)
+        writer.done()
+        writer.merge()
+        return [_folder_files(Path(tmp))]
+
+
+def _hf_seeds() -> list[Files]:
+    import datasets
+
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+    rows = [list(range(i, i + 1 + i % 5)) for i in range(30)]
+    with tempfile.TemporaryDirectory() as tmp:
+        datasets.Dataset.from_dict({"input_ids": rows}, features=features).save_to_disk(tmp)
+        return [_folder_files(Path(tmp))]
+
+
+def _read_peer(format: str) -> Callable[[Path, Files], None]:
+    def read(folder: Path, files: Files) -> None:
+        from zerobatch import open_dataset
+
+        with open_dataset(folder, format=format) as ds:
+            try:
+                windows = ds.windows(4)
+                windows.read(np.arange(len(windows)))
+                ds.documents().read(np.arange(ds.num_documents))
+            except FormatError as error:
+                if not ds.verify():
+                    raise FalsePass(str(error)) from error
+                raise
+            ds.verify()
+    return read
+
+
+for _target in (
+    Target("megatron", _megatron_seeds, _read_peer("megatron")),
+    Target("datatrove", _datatrove_seeds, _read_peer("datatrove")),
+    Target("litdata", _litdata_seeds, _read_peer("litdata")),
+    Target("hf", _hf_seeds, _read_peer("hf")),
+):
+    register(_target)
+
+
 # ----------------------------------------------------------------- mutators
 
 _INTS = (0, 1, 2, 7, 8, 255, 256, 2**15, 2**16 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 1,

@@ -26,12 +26,12 @@ needs its bodies' lengths from each message in turn).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets
 from zerobatch.stream.verify import Problem
@@ -69,10 +69,10 @@ def _arrow_files(location: Location) -> list[str]:
     path = Path(str(location.root)) / STATE
     if path.stat().st_size > _MAX_STATE:
         raise FormatError(f"larger than {_MAX_STATE} bytes", path=path, field="state")
+    state = load_json(path.read_bytes(), path=path, field="state", max_bytes=_MAX_STATE)
     try:
-        state = json.loads(path.read_bytes())
         files = [entry["filename"] for entry in state["_data_files"]]
-    except (ValueError, KeyError, TypeError) as error:
+    except (KeyError, TypeError) as error:
         raise FormatError(f"expected JSON with _data_files: [{{filename}}] ({error})",
                           path=path, field="_data_files") from None
     for name in files:
@@ -138,7 +138,9 @@ class HFFiles(PeerFiles):
                 for rows, batch in enumerate(batches):
                     self._batch(name, batch.column(column), whole.address, size, shards, dtype,
                                 f"{self._column}[batch {rows}]")
-            except (pa.ArrowException, OSError) as error:
+            except FormatError:
+                raise
+            except (pa.ArrowException, OSError, ValueError) as error:
                 raise FormatError(f"not a readable Arrow IPC stream or file ({error}); "
                                   "truncated or not fully written?", path=path,
                                   field="arrow") from None

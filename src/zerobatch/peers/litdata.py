@@ -55,7 +55,11 @@ def read_index(location: Location) -> Any:
     """``index.json`` at ``location``, parsed (size capped first)."""
     storage, path = location.storage, location.root
     where = f"{path}/{INDEX}" if isinstance(path, str) else path / INDEX
-    size = storage.size(INDEX)
+    try:
+        size = storage.size(INDEX)
+    except FileNotFoundError:
+        raise FormatError("file is missing: not a LitData dataset", path=where,
+                          field="index") from None
     if size > _MAX_INDEX:
         raise FormatError(f"larger than {_MAX_INDEX} bytes", path=where, field="index")
     raw = read_at(storage, INDEX, 0, size, path=where, field="index")
