@@ -1,11 +1,26 @@
-"""One fuzz driver for every zerobatch reader: mutated inputs must read or raise
+"""One fuzz driver for every zerobatch surface: mutated inputs must read or raise
 ``FormatError`` naming the file (or frame) and the field, within a small
 multiple of their size in memory, without crashing or hanging.
 
-Each reader is a ``Target`` in ``TARGETS``: a name, its valid seed inputs (a
+Each surface is a ``Target`` in ``TARGETS``: a name, its valid seed inputs (a
 mapping of file name to bytes; frames are named ``frame0``, ``frame1``, ...)
 and a read function that takes a folder holding those files (or the mapping
-itself, for in-memory readers). Register another reader with ``register``.
+itself, for in-memory readers). Register another with ``register``; a read
+function turns its surface's contract into these outcomes (raise
+``FormatError`` for an expected refusal, anything else is an escape).
+
+Surfaces: the readers (``stream``, ``stream-s3``, ``llmbatch``, ``frames``,
+``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``,
+``npy-dtypes``); ``stream-sealed`` (token-stream datasets whose manifest
+checksums are recomputed after each mutation, so ``verify``'s checks past the
+checksum judge it: a read failing where ``verify`` passed is a false pass);
+``cli`` (``zerobatch`` commands but ``serve``: exit 0, or one error line and a
+non-zero exit); ``state-*`` (``load_state_dict`` of ``Loader``,
+``BatchNativeLoader``, ``LoaderDataset``, its iterator,
+``LoaderDataset.loader_state`` of a StatefulDataLoader state, ``BatchClient``
+and ``ShardDataset``, then one step: ``ValueError`` is the contract); and the
+service wire (``service``: FieldStore requests; ``batch-wire``: BatchServer
+requests, its replies decoded as a client does).
 
 Inputs are structure-aware mutations of the seeds (boundary integers at every
 4- and 8-byte position of headers and offset tables, truncation at every
@@ -13,10 +28,11 @@ boundary, swapped, renamed, dropped and duplicated files, JSON and msgpack
 headers edited field by field), then random ones (bit flips, byte writes,
 splices, inserts, deletes). They run in forked children, many per child: a
 child reports after each input, so a crash (the child dies), a hang (no report
-after ``--timeout`` seconds of the child's CPU time, or ``--blocked`` seconds of
-waiting) or an allocation over budget (``RLIMIT_AS`` set to
-the child's current size plus the budget; peak RSS growth checked too) is
-attributed to one input, which is kept as a repro under ``--out``.
+after ``--timeout`` seconds of the child's CPU time plus ``--cpu-per-gib`` for
+each GiB it read meanwhile, so a large valid input is not a hang; or
+``--blocked`` seconds without using CPU or reading) or an allocation over
+budget (``RLIMIT_AS`` set to the child's current size plus the budget; peak
+RSS growth checked too) is attributed to one input, which is kept as a repro under ``--out``.
 
 Outcomes per input: ``ok`` (read fine), ``format_error``, ``unnamed`` (a
 FormatError without a file or field), ``escape`` (any other exception),
@@ -63,6 +79,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -501,6 +518,418 @@ for _target in (
     register(_target)
 
 
+# ----------------------------------------------------------------- verify with checksums kept
+
+
+def _reseal(folder: Path, files: Files) -> None:
+    """Give the manifest in ``folder`` each file's real checksum (when the
+    manifest still parses as one), so ``verify``'s checks past the checksum
+    are what judges the input: a read that fails where ``verify`` passes is a
+    false pass."""
+    import xxhash
+
+    try:
+        manifest = json.loads(files.get("manifest.json", b""))
+        for shard in manifest["shards"]:
+            for suffix, entry in shard["files"].items():
+                data = files.get(f"{shard['name']}.{suffix}")
+                if data is not None and isinstance(entry, dict):
+                    entry["xxh3_64"] = xxhash.xxh3_64_hexdigest(data)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return
+    (folder / "manifest.json").write_bytes(json.dumps(manifest).encode())
+    files["manifest.json"] = (folder / "manifest.json").read_bytes()
+
+
+def _read_stream_sealed(folder: Path, files: Files) -> None:
+    _reseal(folder, files)
+    _read_stream_at(folder, files)
+
+
+# ----------------------------------------------------------------- the command line
+
+
+def _cli_seeds() -> list[Files]:
+    """Inputs of every ``zerobatch`` command but ``serve`` (it never returns):
+    ``argv.json`` (the arguments; ``{dir}`` is the input folder) and the files."""
+    import zstandard
+
+    from zerobatch.batch_writer import write_batch_file
+
+    lines = b"".join(json.dumps({"text": f"doc {i} " * (i % 5 + 1), "url": f"u{i}",
+                                 "spans": [{"start": 0, "end": 3, "value": i}]}).encode()
+                     + b"\n" for i in range(12))
+    convert = ["convert", "{dir}/in.jsonl", "-o", "{dir}/out", "--tokenizer", "bytes",
+               "--workers", "1", "--quiet", "--metadata-field", "url"]
+    seeds: list[Files] = [
+        {"argv.json": json.dumps(convert).encode(), "in.jsonl": lines},
+        {"argv.json": json.dumps([*convert[:1], "{dir}/in.jsonl.zst", *convert[2:],
+                                  "--spans-field", "spans"]).encode(),
+         "in.jsonl.zst": zstandard.ZstdCompressor().compress(lines)},
+        {"argv.json": json.dumps([*convert, "--format", "batch", "--seq-len", "8",
+                                  "--batch-size", "2", "--seed", "3"]).encode(),
+         "in.jsonl": lines},
+    ]
+    for stream_seed in _stream_seeds()[:2]:
+        for argv in (["verify", "{dir}"], ["inspect", "{dir}"],
+                     ["bench", "{dir}", "--seq-len", "4", "--batch-size", "2", "--seconds",
+                      "0.01"]):
+            seeds.append({"argv.json": json.dumps(argv).encode(), **stream_seed})
+    with tempfile.TemporaryDirectory() as tmp:
+        write_batch_file(Path(tmp) / "a.batch", np.arange(64, dtype=np.uint32).reshape(8, 8),
+                         2, 8, 1)
+        seeds.append({"argv.json": b'["inspect", "{dir}/a.batch"]',
+                      "a.batch": (Path(tmp) / "a.batch").read_bytes()})
+    seeds.append({"argv.json": b'["inspect", "{dir}/t"]', **_tensor_seeds("safetensors")()[0]})
+    return seeds
+
+
+def _read_cli(folder: Path, files: Files) -> None:
+    """``zerobatch.cli.main`` on the input: the contract is exit status 0, or a
+    non-zero one with exactly one line on stderr saying what is wrong (argparse's
+    usage errors: status 2, its usage and one error line). A traceback, an
+    exception out of ``main`` or several lines is an escape."""
+    from zerobatch.cli import main
+
+    try:
+        argv = json.loads(files.get("argv.json", b""))
+    except ValueError:
+        raise FormatError("not JSON", path="argv.json", field="argv") from None
+    if not isinstance(argv, list):
+        raise FormatError("not a list", path="argv.json", field="argv")
+    argv = [str(a).replace("{dir}", str(folder)) for a in argv]
+    if argv and argv[0] == "serve":
+        raise FormatError("serve never returns: not run", path="argv.json", field="argv")
+    if any(".." in a or (a.startswith("/") and not a.startswith(str(folder))) for a in argv):
+        raise FormatError("not run: names a path outside the input folder", path="argv.json",
+                          field="argv")
+    for i in range(1, len(argv)):  # bench runs as long as asked: a short while here
+        with contextlib.suppress(ValueError, OverflowError):
+            if argv[i - 1] == "--seconds" and float(argv[i]) > 0.05:
+                argv[i] = "0.05"
+    for name in ("out", ".out.convert", "cwd"):  # what the previous input wrote
+        shutil.rmtree(folder / name, ignore_errors=True)
+    (folder / "cwd").mkdir()
+    err, out = io.StringIO(), io.StringIO()
+    here = os.getcwd()
+    os.chdir(folder / "cwd")  # relative paths land in the input folder
+    try:
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            try:
+                status = main(argv)
+            except SystemExit as exit_:  # argparse: --help (0) or a usage error (2)
+                status = exit_.code if isinstance(exit_.code, int) else 1
+    finally:
+        os.chdir(here)
+    lines = err.getvalue().strip().splitlines()
+    if "Traceback" in err.getvalue():
+        raise CliEscape(f"status {status}, a traceback: {lines[-1] if lines else ''}")
+    if status == 0:
+        return
+    if argv[0] == "verify" and status == 1 and not lines and "problem(s)" in out.getvalue():
+        raise FormatError(out.getvalue().splitlines()[1], path="argv.json", field="verify")
+    if status == 2:
+        lines = [line for line in lines if not line.startswith(("usage:", " "))]
+    if len(lines) != 1 or not lines[0].startswith("zerobatch"):
+        raise CliEscape(f"status {status} with {len(lines)} error lines: {lines[:3]}")
+    raise FormatError(lines[0], path="argv.json", field=argv[0] if argv else "argv")
+
+
+class CliEscape(Exception):
+    """The command line broke its contract (see ``_read_cli``)."""
+
+
+# ----------------------------------------------------------------- load_state_dict
+
+
+_DATA: dict[int, Path] = {}  # per process: the data the state targets read
+
+
+def _state_data() -> Path:
+    """A token-stream dataset, a ``.batch`` file and a ``.npy`` split, made once
+    per process tree (children read the parent's)."""
+    if not _DATA:
+        import atexit
+
+        from zerobatch.batch_writer import write_batch_file
+        from zerobatch.stream import StreamWriter
+
+        root = Path(tempfile.mkdtemp(prefix="zbfuzz-state-", dir=_scratch()))
+        atexit.register(shutil.rmtree, root, True)
+        rng = np.random.default_rng(5)
+        with StreamWriter(root / "ds", shard_tokens=100) as writer:
+            for _ in range(20):
+                writer.add_document(rng.integers(0, 1000, int(rng.integers(5, 30))))
+        write_batch_file(root / "a.batch", np.arange(40 * 8, dtype=np.uint32).reshape(40, 8),
+                         4, 8, 1)
+        (root / "train").mkdir()
+        for i in range(2):
+            np.save(root / "train" / f"{i:05d}.npy", np.arange(300, dtype=np.uint16) + i)
+        _DATA[0] = root
+    return _DATA[0]
+
+
+def _loader() -> Any:
+    from zerobatch.loader import Loader
+    from zerobatch.stream import open_dataset
+
+    source = open_dataset(_state_data() / "ds").windows(8)
+    return Loader(source, 4, seed=3, num_threads=0, output="numpy", epochs=2)
+
+
+def _state_loader(state: Any) -> None:
+    loader = _loader()
+    loader.load_state_dict(state)
+    next(iter(loader), None)
+
+
+def _state_batch_loader(state: Any) -> None:
+    from zerobatch.llmbatch import BatchNativeLoader
+
+    loader = BatchNativeLoader(_state_data() / "a.batch", block_size=2, seed=7,
+                               output="numpy")
+    loader.load_state_dict(state)
+    next(iter(loader), None)
+
+
+def _state_loader_dataset(state: Any) -> None:
+    from zerobatch.torch import LoaderDataset
+
+    dataset = LoaderDataset(_loader())
+    dataset.load_state_dict(state)
+    next(iter(dataset), None)
+
+
+def _state_loader_iterator(state: Any) -> None:
+    from zerobatch.torch import LoaderDataset
+
+    steps = iter(LoaderDataset(_loader()))
+    steps.load_state_dict(state)  # type: ignore[attr-defined]
+    next(steps, None)
+
+
+def _state_dataloader(state: Any) -> None:
+    """``LoaderDataset.loader_state`` of a StatefulDataLoader state, loaded."""
+    from zerobatch.torch import LoaderDataset
+
+    loader = _loader()
+    loader.load_state_dict(LoaderDataset(loader).loader_state(state))
+    next(iter(loader), None)
+
+
+_SHARDS: list[Any] = []  # one ShardDataset, made before forking: children never call JAX
+
+
+def _shard_dataset() -> Any:
+    if not _SHARDS:
+        from zerobatch.jax import ShardDataset
+
+        _SHARDS.append(ShardDataset(_state_data(), "train", 8, 2, 1, shuffle=True, seed=4,
+                                    prefetch=0))
+    return _SHARDS[0]
+
+
+def _state_shard_dataset(state: Any) -> None:
+    dataset = _shard_dataset()
+    dataset.load_state_dict(state)
+    dataset.state_dict()
+
+
+_SERVERS: dict[int, Any] = {}  # per process: a BatchServer serving from a thread
+
+
+def _server() -> Any:
+    """This process's BatchServer (made on first use, in the process that uses it:
+    ZeroMQ contexts do not survive a fork)."""
+    server = _SERVERS.get(os.getpid())
+    if server is None:
+        import logging
+        import threading
+
+        # a client closed with replies in flight is logged, and is no finding here
+        logging.getLogger("zerobatch.service").setLevel(logging.ERROR)
+
+        from zerobatch.service import BatchServer
+        from zerobatch.stream import open_dataset
+
+        server = BatchServer(open_dataset(_state_data() / "ds").windows(8),
+                             "tcp://127.0.0.1:0")
+        threading.Thread(target=server.serve, daemon=True).start()
+        _SERVERS[os.getpid()] = server
+    return server
+
+
+def _state_batch_client(state: Any) -> None:
+    from zerobatch.service import BatchClient
+
+    client = BatchClient(_server().address, 4, seed=3, output="numpy", epochs=2, timeout=20)
+    try:
+        client.load_state_dict(state)
+        next(iter(client), None)
+    finally:
+        client.close()
+
+
+def _state_seeds(load: Callable[[Any], None], make: Callable[[], list[Any]]
+                 ) -> Callable[[], list[Files]]:
+    def seeds() -> list[Files]:
+        out = [{"state.json": json.dumps(state).encode()} for state in make()]
+        for files in out:  # each must load: a seed that does not is a harness bug
+            load(json.loads(files["state.json"]))
+        return out
+    return seeds
+
+
+def _loader_states() -> list[Any]:
+    loader = _loader()
+    states = [loader.state_dict()]
+    for _, _ in zip(range(7), loader, strict=False):
+        states.append(loader.state_dict())
+    return states[::3]
+
+
+def _batch_loader_states() -> list[Any]:
+    from zerobatch.llmbatch import BatchNativeLoader
+
+    loader = BatchNativeLoader(_state_data() / "a.batch", block_size=2, seed=7,
+                               output="numpy")
+    states = [loader.state_dict()]
+    for _, _ in zip(range(3), loader, strict=False):
+        states.append(loader.state_dict())
+    return states
+
+
+def _iterator_states() -> list[Any]:
+    from zerobatch.torch import LoaderDataset
+
+    steps = iter(LoaderDataset(_loader()))
+    states = [steps.state_dict()]  # type: ignore[attr-defined]
+    next(steps)
+    states.append(steps.state_dict())  # type: ignore[attr-defined]
+    return states
+
+
+def _dataloader_states() -> list[Any]:
+    """StatefulDataLoader states without workers and with two (their shape)."""
+    one, two = _iterator_states()
+    return [
+        {"_num_yielded": 1, "_steps_since_snapshot": 0,
+         "fetcher_state": {"dataset_iter_state": two}},
+        {"_num_yielded": 3, "_steps_since_snapshot": 2, "_snapshot_step": 1, "_snapshot": {
+            "_snapshot_step": 1, "_main_snapshot": {},
+            "_worker_snapshots": {
+                f"worker_{w}": {"worker_id": w, "fetcher_state": {"dataset_iter_state": {
+                    **one, "worker": w, "workers": 2}}} for w in range(2)}}},
+    ]
+
+
+def _shard_states() -> list[Any]:
+    state = _shard_dataset().state_dict()
+    return [state, {**state, "consumed": 2 * 8}]
+
+
+def _client_states() -> list[Any]:
+    return _loader_states()[:2]  # a client resumes from a Loader's state (same keys)
+
+
+def _read_state(load: Callable[[Any], None]) -> Callable[[Path, Files], None]:
+    """Load the state in ``state.json``, then take a step: ``ValueError`` is the
+    contract (its message names the field); anything else is an escape."""
+    def read(folder: Path, files: Files) -> None:
+        try:
+            state = json.loads(files.get("state.json", b""))
+        except (ValueError, RecursionError):
+            raise FormatError("not JSON", path="state.json", field="state") from None
+        try:
+            load(state)
+        except FormatError:
+            raise
+        except ValueError as error:
+            raise FormatError(str(error), path="state.json", field="state") from error
+    return read
+
+
+# ----------------------------------------------------------------- the BatchServer wire
+
+
+def _wire_seeds() -> list[Files]:
+    from zerobatch.service._transport import encode_header
+
+    batch = {"op": "batch", "seed": 3, "epoch": 0, "consumed": 0, "rank": 0, "world_size": 1,
+             "batch_size": 4, "shuffle": True, "drop_last": True, "block_size": None}
+    return [{"frame0": encode_header({"id": 1, **header})} for header in (
+        {"op": "info"}, batch, {**batch, "consumed": 8, "world_size": 2, "rank": 1},
+        {**batch, "drop_last": False, "shuffle": False, "block_size": 4, "epoch": 3})]
+
+
+def _read_wire(folder: Path, files: Files) -> None:
+    """A BatchServer's request path without the socket: header, then handler;
+    its replies are checked by decoding them as a client does."""
+    from zerobatch.columnar import Batch
+    from zerobatch.service._transport import parse_header
+
+    frames = _frames(files)
+    if not frames:
+        raise FormatError("empty message: expected a header frame", path="header", field="v")
+    header = parse_header(frames[0])
+    try:
+        _reply, payload = _server()._handle(header, [memoryview(f) for f in frames[1:]])
+    except FormatError:
+        raise
+    except (ValueError, KeyError, TypeError, IndexError) as error:  # what the server answers
+        raise ErrorReply(f"{type(error).__name__}: {error}") from error
+    if payload:
+        Batch.from_frames([bytes(memoryview(f)) for f in payload])
+
+
+def _npy_more_seeds() -> list[Files]:
+    """Token files of every dtype a folder may hold, ids at the dtype's edges."""
+    out = []
+    for dtype in ("<i4", "<u8", "<i8", "|u1", "<u4", "<i2"):
+        info = np.iinfo(dtype)
+        values = np.array([0, 1, info.max, info.min, info.max // 2, 7, 3, info.max - 1],
+                          dtype=dtype)
+        files = {}
+        for i, part in enumerate((values, values[::-1], values[:3])):
+            buffer = io.BytesIO()
+            np.save(buffer, part)
+            files[f"{i:05d}.npy"] = buffer.getvalue()
+        out.append(files)
+    return out
+
+
+def _read_npy_all(folder: Path, files: Files) -> None:
+    from zerobatch import stream
+
+    with stream.open_dataset(folder) as tokens:
+        for seq_len, dtype in ((3, "int64"), (2, "int32")):
+            windows = tokens.windows(seq_len, dtype=dtype)
+            windows.read(np.arange(len(windows)))
+
+
+for _target in (
+    Target("stream-sealed", _stream_seeds, _read_stream_sealed, warm=_stream_warm),
+    Target("npy-dtypes", lambda: _npy_seeds() + _npy_more_seeds(), _read_npy_all),
+    Target("cli", _cli_seeds, _read_cli),
+    Target("state-loader", _state_seeds(_state_loader, _loader_states),
+           _read_state(_state_loader), on_disk=False),
+    Target("state-batch-loader", _state_seeds(_state_batch_loader, _batch_loader_states),
+           _read_state(_state_batch_loader), on_disk=False),
+    Target("state-loader-dataset", _state_seeds(_state_loader_dataset, _loader_states),
+           _read_state(_state_loader_dataset), on_disk=False),
+    Target("state-loader-iterator", _state_seeds(_state_loader_iterator, _iterator_states),
+           _read_state(_state_loader_iterator), on_disk=False),
+    Target("state-dataloader", _state_seeds(_state_dataloader, _dataloader_states),
+           _read_state(_state_dataloader), on_disk=False),
+    Target("state-batch-client", _state_seeds(_state_batch_client, _client_states),
+           _read_state(_state_batch_client), on_disk=False),
+    Target("state-shard-dataset", _state_seeds(_state_shard_dataset, _shard_states),
+           _read_state(_state_shard_dataset), on_disk=False),
+    Target("batch-wire", _wire_seeds, _read_wire, on_disk=False),
+):
+    register(_target)
+
+
 # ----------------------------------------------------------------- mutators
 
 _INTS = (0, 1, 2, 7, 8, 255, 256, 2**15, 2**16 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 1,
@@ -757,6 +1186,8 @@ def run_one(target: Target, scratch: Scratch, files: Files) -> tuple[str, str]:
         outcome, detail = "ok", ""
     except FalsePass as error:
         outcome, detail = "false_pass", str(error)[:300]
+    except CliEscape as error:
+        outcome, detail = "escape", str(error)[:300]
     except ErrorReply as error:
         outcome, detail = "error_reply", str(error)[:300]
     except FormatError as error:
@@ -783,7 +1214,7 @@ def _child(
     faulthandler.disable()  # a crash is the parent's to report, without a traceback dump
     for i in range(start, len(batch)):
         outcome, detail = run_one(target, scratch, batch[i][1])
-        line = f"{i}\t{time.process_time()}\t{outcome}\t{detail}\n"
+        line = f"{i}\t{time.process_time()}\t{_bytes_read('self')}\t{outcome}\t{detail}\n"
         os.write(fd, line.encode("utf-8", "replace"))
 
 
@@ -849,18 +1280,26 @@ def _keep(out: Path | None, report: Report, target: str, label: str, files: File
     report.repros.append(folder)
 
 
+CPU_PER_GIB = 20.0
+"""CPU seconds an input may use per GiB it reads, beyond ``timeout`` (hangs)."""
+
+
 def run_batch(target: Target, batch: list[tuple[str, Files]], report: Report, *,
-              timeout: float, out: Path | None, blocked: float | None = None) -> None:
+              timeout: float, out: Path | None, blocked: float | None = None,
+              cpu_per_gib: float = CPU_PER_GIB) -> None:
     """Run ``batch`` in forked children; a crash or hang is pinned on one input
-    and the rest of the batch goes on in a fresh child. A hang is no answer
-    after ``timeout`` seconds of the child's CPU time, or after ``blocked``
-    seconds (default 10 x ``timeout``) of waiting however little CPU it used:
-    on a loaded machine a niced child may wait long for its share."""
+    and the rest of the batch goes on in a fresh child. A hang is judged by
+    CPU time per byte read: no answer after ``timeout`` seconds of the child's
+    CPU time plus ``cpu_per_gib`` seconds for each GiB it read meanwhile (a
+    large valid input that keeps reading is not a hang; a loop that reads
+    nothing is), or after ``blocked`` seconds (default 10 x ``timeout``) in
+    which it neither used CPU nor read (asleep or blocked: on a loaded machine a
+    niced child may wait long for its share, so only a standstill counts)."""
     scratch = Path(tempfile.mkdtemp(prefix="zbfuzz-", dir=_scratch()))  # the parent removes it
     try:
         _run_children(target, batch, report, timeout=timeout,
                       blocked=10 * timeout if blocked is None else blocked, out=out,
-                      scratch=scratch)
+                      scratch=scratch, per_byte=cpu_per_gib / 2**30)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -875,12 +1314,32 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _bytes_read(pid: int | str) -> int:
+    """Bytes process ``pid`` (or ``"self"``) has read so far: through read calls
+    (``rchar``: files, pipes, sockets) plus a page per page fault (mapped files;
+    also fresh memory, which the memory budget bounds). 0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            fields = file.read().rsplit(b")", 1)[1].split()
+        with open(f"/proc/{pid}/io", "rb") as file:
+            rchar = int(file.read().split(b"rchar:", 1)[1].split()[0])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return rchar + (int(fields[7]) + int(fields[9])) * _PAGE
+
+
 def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report, *,
-                  timeout: float, blocked: float, out: Path | None, scratch: Path) -> None:
+                  timeout: float, blocked: float, out: Path | None, scratch: Path,
+                  per_byte: float) -> None:
     start = 0
     while start < len(batch):
         read_fd, write_fd = os.pipe()
-        pid = os.fork()
+        with warnings.catch_warnings():  # JAX's warning: the children never call JAX
+            warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+            pid = os.fork()
         if pid == 0:  # the child
             os.close(read_fd)
             code = 0
@@ -893,20 +1352,26 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
         pending = b""
         current = start
         status = None
-        answered, answered_cpu = time.monotonic(), 0.0  # a child's CPU clock starts at 0
+        answered_cpu = 0.0  # a child's CPU clock starts at 0
+        answered_bytes = _bytes_read(pid)  # what the fork itself counted
+        moved, last = time.monotonic(), (0.0, answered_bytes)  # its last sign of progress
         with os.fdopen(read_fd, "rb", buffering=0) as pipe:
             while True:
                 ready, _, _ = select.select([pipe], [], [], min(timeout, 1.0))
                 if not ready:
-                    cpu = max(0.0, _cpu_seconds(pid) - answered_cpu)  # ticks of 10 ms
-                    waited = time.monotonic() - answered
-                    if cpu < timeout and waited < blocked:
+                    now = (_cpu_seconds(pid), _bytes_read(pid))  # CPU in ticks of 10 ms
+                    if now != last:
+                        moved, last = time.monotonic(), now
+                    cpu = max(0.0, now[0] - answered_cpu)
+                    read = max(0, now[1] - answered_bytes)
+                    still = time.monotonic() - moved
+                    if cpu < timeout + read * per_byte and still < blocked:
                         continue
                     os.kill(pid, signal.SIGKILL)
                     os.waitpid(pid, 0)
                     status = "hang"
-                    end_detail = (f"no answer after {cpu:.1f} s of CPU time "
-                                    f"({waited:.0f} s waited)")
+                    end_detail = (f"no answer after {cpu:.1f} s of CPU time, having read "
+                                  f"{read >> 20} MiB ({still:.0f} s without progress)")
                     break
                 chunk = pipe.read(1 << 16)
                 if not chunk:
@@ -919,10 +1384,11 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
-                    index, cpu_text, outcome, detail = line.decode("utf-8", "replace").split(
-                        "\t", 3)
+                    index, cpu_text, bytes_text, outcome, detail = line.decode(
+                        "utf-8", "replace").split("\t", 4)
                     i = int(index)
-                    answered, answered_cpu = time.monotonic(), float(cpu_text)
+                    answered_cpu, answered_bytes = float(cpu_text), int(bytes_text)
+                    moved = time.monotonic()
                     label, files = batch[i]
                     report.add(target.name, label, outcome)
                     if outcome not in ("ok", "format_error"):
@@ -959,7 +1425,8 @@ def warm_up(target: Target) -> None:
 
 def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, seed: int,
          batch_size: int = 500, timeout: float = 20.0, blocked: float | None = None,
-         out: Path | None = None, progress: bool = False) -> tuple[Report, dict[str, float]]:
+         cpu_per_gib: float = CPU_PER_GIB, out: Path | None = None,
+         progress: bool = False) -> tuple[Report, dict[str, float]]:
     """Fuzz each named target in turn, ``per_target`` inputs or ``seconds`` each
     (whichever ends first). Returns the report and the seconds each took."""
     report = Report()
@@ -971,8 +1438,8 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
             with multiprocessing.get_context("spawn").Pool(1) as pool:
                 part, seconds_taken = pool.apply(fuzz, ([name],), {
                     "per_target": per_target, "seconds": seconds, "seed": seed,
-                    "batch_size": batch_size, "timeout": timeout, "blocked": blocked, "out": out,
-                    "progress": progress})
+                    "batch_size": batch_size, "timeout": timeout, "blocked": blocked,
+                    "cpu_per_gib": cpu_per_gib, "out": out, "progress": progress})
             report.merge(part)
             elapsed.update(seconds_taken)
             continue
@@ -983,7 +1450,8 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
             batch = [item for _, item in zip(range(batch_size), stream, strict=False)]
             if not batch:
                 break
-            run_batch(target, batch, report, timeout=timeout, blocked=blocked, out=out)
+            run_batch(target, batch, report, timeout=timeout, blocked=blocked, out=out,
+                      cpu_per_gib=cpu_per_gib)
             if progress:
                 done = sum(report.totals()[name].values())
                 print(f"  {name}: {done} inputs, {time.perf_counter() - began:.0f} s",
@@ -1067,10 +1535,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=500, help="inputs per forked child")
     parser.add_argument("--timeout", type=float, default=20.0,
-                        help="hang limit per input (s of the child's CPU time)")
+                        help="hang limit per input (s of the child's CPU time), plus "
+                             "--cpu-per-gib for each GiB it reads")
+    parser.add_argument("--cpu-per-gib", type=float, default=CPU_PER_GIB,
+                        help="CPU seconds an input may use per GiB it reads (default "
+                             f"{CPU_PER_GIB:g})")
     parser.add_argument("--blocked", type=float, default=None,
-                        help="hang limit per input however little CPU it used (s; default "
-                             "10 x --timeout)")
+                        help="hang limit per input that neither uses CPU nor reads (s; "
+                             "default 10 x --timeout)")
     parser.add_argument("--out", type=Path, default=None, help="keep repros here")
     parser.add_argument("--engine", choices=("fork", "atheris"), default="fork")
     args, rest = parser.parse_known_args()
@@ -1089,8 +1561,7 @@ def main() -> None:
     load = os.getloadavg()
     report, elapsed = fuzz(names, per_target=args.inputs, seconds=args.seconds, seed=args.seed,
                            batch_size=args.batch, timeout=args.timeout, blocked=args.blocked,
-                           out=args.out,
-                           progress=True)
+                           cpu_per_gib=args.cpu_per_gib, out=args.out, progress=True)
     print(f"nproc {os.cpu_count()}, load before {load[0]:.2f} {load[1]:.2f}, after "
           f"{os.getloadavg()[0]:.2f}")
     print(report.table(by_file=False))

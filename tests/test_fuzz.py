@@ -18,7 +18,9 @@ import fuzz
 from s3_server import S3Server
 
 SLICE = {"stream": 1000, "npy-folder": 1500,  # the slow readers get fewer
-         "megatron": 500, "datatrove": 500, "litdata": 500, "hf": 500}
+         "megatron": 500, "datatrove": 500, "litdata": 500, "hf": 500,
+         "stream-sealed": 300, "npy-dtypes": 300, "cli": 200, "batch-wire": 300,
+         **{name: 150 for name in fuzz.TARGETS if name.startswith("state-")}}
 GOOD = ("ok", "format_error")  # the only outcomes a reader may have
 
 
@@ -30,7 +32,7 @@ def test_reader_slice(name: str, tmp_path: Path) -> None:
     counts = report.totals()[name]
     assert sum(counts.values()) == count
     assert counts["format_error"] > 0
-    allowed = (*GOOD, "error_reply") if name == "service" else GOOD  # a server's error replies
+    allowed = (*GOOD, "error_reply") if name in ("service", "batch-wire") else GOOD  # replies
     problems = {k: v for k, v in counts.items() if k not in allowed}
     assert not problems, (problems, sorted(report.examples.items())[:5])
 
@@ -51,6 +53,7 @@ def test_remote_slice(s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 def _planted(folder: Path, files: fuzz.Files) -> None:
     data = files["x"]
+    started = time.process_time()
     if data == b"escape":
         raise KeyError("planted")
     if data == b"crash":
@@ -60,6 +63,11 @@ def _planted(folder: Path, files: fuzz.Files) -> None:
     if data == b"spin":
         while True:
             pass
+    if data == b"read":  # busy reading: CPU well past the limit, but per byte read modest
+        with open("/dev/zero", "rb", buffering=0) as zero:
+            buffer = bytearray(1 << 20)
+            while time.process_time() - started < 2.0:
+                zero.readinto(buffer)
     if data == b"alloc":
         bytearray(3 << 30)
     if data == b"rss":
@@ -108,6 +116,19 @@ def test_hang_is_timed_by_cpu_or_wait(planted: bytes, timeout: float, blocked: f
     (example,) = report.examples.values()
     used = float(example.split("no answer after ")[1].split(" s of CPU")[0])
     assert cpu[0] <= used < cpu[1], example
+
+
+def test_hang_is_judged_by_cpu_time_per_byte_read() -> None:
+    """An input that keeps reading (a large valid one) may use more CPU than
+    the limit: its budget grows with the bytes it reads. A loop that reads
+    nothing is a hang at the same limit."""
+    target = fuzz.Target("planted", lambda: [{"x": b"ok"}], _planted, on_disk=False)
+    report = fuzz.Report()
+    fuzz.run_batch(target, [("x:read", {"x": b"read"}), ("x:spin", {"x": b"spin"})], report,
+                   timeout=0.5, blocked=600, out=None)
+    assert report.counts[("planted", "x")] == {"ok": 1, "hang": 1}
+    (example,) = report.examples.values()
+    assert example.startswith("x:spin") and "having read 0 MiB" in example, example
 
 
 def test_structured_mutations_cover_every_file() -> None:

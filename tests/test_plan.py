@@ -191,3 +191,14 @@ def test_advance_is_after_repeated(length, batch_size, world_size, drop_last, co
     for _ in range(steps):
         epoch, at = plan.after(epoch, at)
     assert plan.advance(0, consumed, steps) == (epoch, at)
+
+
+@pytest.mark.parametrize("epoch", [-1, 2**63, 2**64 + 5, 1.0, True, None])
+def test_position_refuses_an_epoch_no_request_can_carry(epoch: object) -> None:
+    """Found by the fuzzer (state-batch-client): a state with epoch 2**64 loaded,
+    then BatchClient could not pack its request (msgpack: 64-bit integers)."""
+    position = Position(Plan(10, 2, seed=1), "f")
+    good = position.state_dict()
+    assert position.check({**good, "epoch": 2**63 - 1}) == (2**63 - 1, 0)
+    with pytest.raises(ValueError, match=r"epoch=.*expected an int in \[0, 2\*\*63\)"):
+        position.check({**good, "epoch": epoch})

@@ -175,6 +175,19 @@ def test_two_servers_one_killed(corpus: str, servers: _Servers, shared: str) -> 
     )
 
 
+def test_resume_mid_step_from_another_batch_size(corpus: str, shared: str) -> None:
+    """An elastic resume: a state saved by batch_size 3 (consumed 6) continues in a
+    client of batch_size 4 from position 6, as a Loader does (the server once
+    refused any position that was not the start of one of its steps)."""
+    with BatchClient(shared, 3, seed=3, output="batch", timeout=20) as first:
+        _received(first, 2)
+        state = first.state_dict()
+    assert state["consumed"] == 6
+    with BatchClient(shared, 4, seed=3, output="batch", timeout=20) as client:
+        client.load_state_dict(state)
+        _same(_received(client), _expected(corpus, 4, 1, 0, start=6))
+
+
 def test_bad_requests_and_silence(shared: str) -> None:
     from zerobatch.service._fetch import Fetcher
 
@@ -194,7 +207,9 @@ def test_bad_requests_and_silence(shared: str) -> None:
         }
         for change, message in [
             ({"rank": 1}, "rank 1 outside"),
-            ({"consumed": 3}, "consumed=3 is not the start"),
+            ({"consumed": 10**9}, "consumed=1000000000 has no step left"),
+            ({"consumed": -1}, "consumed=-1 has no step left"),
+            ({"epoch": 2**63}, "outside \\[0, 2\\*\\*63\\)"),
             ({"batch_size": "2"}, "key 'batch_size': expected int"),
             ({"op": "nope"}, "unknown op 'nope'"),
         ]:

@@ -184,6 +184,9 @@ def test_iterator_state_without_loader_key(windows):
             steps.load_state_dict({**steps.state_dict(), name: value})
     with pytest.raises(ValueError, match="must be a dict"):
         dataset.loader_state([])
+    # found by the fuzzer (state-loader-iterator): no end_epoch was a KeyError; it is None
+    steps.load_state_dict({k: v for k, v in steps.state_dict().items() if k != "end_epoch"})
+    assert steps.state_dict()["end_epoch"] is None
 
 
 def test_steps_since_snapshot_is_o1_and_checked(windows):

@@ -379,8 +379,8 @@ class Position:
                     f"{mine[key]!r}: it belongs to another source or order"
                 )
         epoch, consumed = state.get("epoch"), state.get("consumed")
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"state has epoch={epoch!r}; expected an int >= 0")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 1 << 63:
+            raise ValueError(f"state has epoch={epoch!r}; expected an int in [0, 2**63)")
         if isinstance(consumed, bool) or not isinstance(consumed, int):
             raise ValueError(f"state has consumed={consumed!r}; expected an int in "
                              f"[0, {self.plan.length}]")

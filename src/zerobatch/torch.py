@@ -234,7 +234,7 @@ class _WorkerSteps(Iterator[Any]):
                 "LoaderDataset.loader_state(dataloader_state) into the Loader"
             )
         self._position.epoch, self._position.consumed = step
-        self._end = state["end_epoch"]
+        self._end = state.get("end_epoch")  # absent: None, as checked
 
 
 class DataLoader(torch.utils.data.DataLoader):

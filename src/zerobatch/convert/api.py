@@ -129,6 +129,7 @@ class _Progress:
 
 def _run(jobs: list[Job], workers: int, executor: cf.Executor | None,
          progress: _Progress, remote: bool) -> None:
+    workers = min(workers, len(jobs))  # a fork pool starts all its processes at once
     if executor is None and workers <= 1:
         for job in jobs:
             progress.update(run_task(job))

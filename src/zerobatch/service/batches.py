@@ -103,12 +103,15 @@ class BatchServer(Server):
                 f"world_size above {_MAX_WORLD_SIZE}"
             )
         plan = self._plan(args)
-        steps_total = plan.steps(0)
         consumed = args["consumed"]
-        if consumed < 0 or consumed % plan.step_size or consumed // plan.step_size >= steps_total:
+        # Any position with a step left: a state saved with another batch_size or
+        # world_size (an elastic resume) continues mid-way through this plan's steps.
+        if not 0 <= args["epoch"] < 1 << 63:
+            raise ValueError(f"epoch={args['epoch']} outside [0, 2**63)")
+        if not 0 <= consumed < plan.length or not plan.has_step(consumed, args["epoch"]):
             raise ValueError(
-                f"consumed={consumed} is not the start of one of the epoch's {steps_total} steps "
-                f"of {plan.step_size} positions"
+                f"consumed={consumed} has no step left in the epoch ({plan.length} positions, "
+                f"steps of {plan.step_size})"
             )
         batch = read_step(self.source, plan, args["epoch"], consumed, args["rank"])
         return {}, batch.to_frames()
