@@ -10,8 +10,9 @@ function turns its surface's contract into these outcomes (raise
 ``FormatError`` for an expected refusal, anything else is an escape).
 
 Surfaces: the readers (``stream``, ``stream-s3``, ``llmbatch``, ``frames``,
-``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``,
-``npy-dtypes``); ``stream-sealed`` (token-stream datasets whose manifest
+``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``, ``npy-dtypes``
+and the peer formats ``megatron``, ``datatrove``, ``litdata``, ``hf``);
+``stream-sealed`` (token-stream datasets whose manifest
 checksums are recomputed after each mutation, so ``verify``'s checks past the
 checksum judge it: a read failing where ``verify`` passed is a false pass);
 ``cli`` (``zerobatch`` commands but ``serve``: exit 0, or one error line and a
