@@ -117,7 +117,7 @@ def _poke(folder: Path, slot: tuple[str, str, int], value: int) -> None:
     del records
 
 
-@settings(max_examples=60, deadline=None,
+@settings(max_examples=40, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_verify_passes_only_what_every_read_accepts(
