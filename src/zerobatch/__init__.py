@@ -9,6 +9,7 @@ from __future__ import annotations
 from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.errors import FormatError, StorageError
 from zerobatch.loader import Loader
+from zerobatch.mixture import Mixture
 from zerobatch.plan import Plan
 from zerobatch.shuffle import BlockShuffle, Feistel
 from zerobatch.source import Source
@@ -24,6 +25,7 @@ __all__ = [
     "FormatError",
     "Jagged",
     "Loader",
+    "Mixture",
     "Plan",
     "Source",
     "StorageError",

@@ -45,9 +45,12 @@ from zerobatch.source import (
     _DEFAULT_RANK,
     Source,
     fingerprint,
+    plan_shuffle,
     read_indices,
     read_step,
     resolve_rank,
+    resume_source,
+    source_state,
 )
 
 # Source, fingerprint, read_step and resolve_rank live in zerobatch.source; they
@@ -141,7 +144,9 @@ class Loader:
         source: a :class:`Source` (``__len__`` and ``read(indices) -> Batch``).
         batch_size: observations per batch on this rank.
         seed: seeds every epoch's order together with the epoch (any int).
-        shuffle: a global shuffle (Feistel, or blocks with ``block_size``).
+        shuffle: a global shuffle (Feistel, or blocks with ``block_size``);
+            default True, except for an ordered source (a ``Mixture``), which
+            is read in its own order (shuffle=True then raises ValueError).
         rank, world_size: default from torch.distributed, then ``RANK`` and
             ``WORLD_SIZE``, else 0 and 1 (logged once). Defaults of 0 and 1
             are looked up again at each iteration, so a Loader built before
@@ -180,7 +185,7 @@ class Loader:
         batch_size: int,
         *,
         seed: int = 0,
-        shuffle: bool = True,
+        shuffle: bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         prefetch: int = 2,
@@ -226,7 +231,8 @@ class Loader:
                                       block_size=block_size)
         else:
             self._plan = Plan(len(source), batch_size, world_size=world_size, seed=seed,
-                              shuffle=shuffle, drop_last=drop_last, block_size=block_size)
+                              shuffle=plan_shuffle(source, shuffle), drop_last=drop_last,
+                              block_size=block_size)
         self._rank = self._plan.check_rank(rank)
         self._source = source
         self._prefetch = prefetch
@@ -242,7 +248,7 @@ class Loader:
         self._placement: _Placement | None = None
         if not isinstance(output, str):
             self._converter()  # an output object binds now: a source it cannot take fails here
-        self._position = Position(self._plan, fingerprint(source))
+        self._position = self.position()
         self._iterator: weakref.ref[_Iterator] | None = None  # weak: no cycle, no leak
         # the current pass's threads: close() joins them even after the pass was dropped
         self._threads: Readers | None = None
@@ -409,12 +415,40 @@ class Loader:
             warnings.warn(self._stale, stacklevel=2)
         return self._position.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def position(self) -> Position:
+        """A new Position at the start of this loader's plan, with its source's
+        identity and description (what ``zerobatch.torch`` workers move)."""
+        return Position(self._plan, fingerprint(self._source), source_state(self._source))
+
+    @property
+    def source(self) -> Any:
+        """The source read (after a resume, the one that continues the run)."""
+        return self._source
+
+    def load_state_dict(self, state: dict[str, Any], *, allow: Any = ()) -> None:
         """Continue exactly after what ``state`` says was received, with this
         loader's world_size, batch_size, prefetch and threads. ValueError names
-        what differs when the state belongs to another source, seed or version."""
-        step = self._position.check(state)
-        self._stop()
+        what differs when the state belongs to another source, seed or version.
+
+        A source that resumes changed (a ``Mixture``: see
+        :func:`zerobatch.source.resume_source`) may continue the run with
+        changes that ``allow`` names (e.g. ``{"weights"}``); the loader then
+        reads the source it returns."""
+        source = resume_source(self._source, state, allow)
+        if source is not self._source:
+            if getattr(source, "seq_len", None) != getattr(self._source, "seq_len", None):
+                raise ValueError("the resumed source has another seq_len than this loader's")
+            plan = dataclasses.replace(self._plan, length=len(source))
+            position = Position(plan, fingerprint(source), source_state(source))
+            state = {**state, "length": plan.length, "fingerprint": position.fingerprint,
+                     "source": position.source}
+            step = position.check(state)
+            self._stop()
+            self._source, self._plan, self._position = source, plan, position
+            self._convert = self._placement = None  # bound to the plan and source: bind again
+        else:
+            step = self._position.check(state)
+            self._stop()
         self._position.epoch, self._position.consumed = step
 
     def _stop(self) -> None:

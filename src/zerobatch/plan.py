@@ -312,9 +312,11 @@ class Position:
     Not thread-safe: one consumer moves it.
     """
 
-    def __init__(self, plan: Plan, fingerprint: str | None = None) -> None:
+    def __init__(self, plan: Plan, fingerprint: str | None = None,
+                 source: dict[str, Any] | None = None) -> None:
         self.plan = plan
         self.fingerprint = fingerprint
+        self.source = source
         self.epoch = 0
         self.consumed = 0
 
@@ -344,9 +346,10 @@ class Position:
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-able: version, seed, epoch, consumed (global positions, the same
-        on every rank), length, shuffle, block_size and fingerprint. O(1)."""
+        on every rank), length, shuffle, block_size and fingerprint, and a
+        stateful source's description under ``"source"``. O(1) in the data."""
         plan = self.plan
-        return {
+        state: dict[str, Any] = {
             "version": STATE_VERSION,
             "seed": int(plan.seed),
             "epoch": self.epoch,
@@ -357,6 +360,9 @@ class Position:
             "fingerprint": self.fingerprint,
             **plan.cursor_state(self.epoch, self.consumed),
         }
+        if self.source is not None:
+            state["source"] = self.source
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue after what ``state`` says was received, with this plan's

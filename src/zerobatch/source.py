@@ -7,6 +7,17 @@ A *source* is anything with ``__len__`` and ``read(indices) -> Batch``
 ``Mixture`` or a user's own object. ``Loader``, ``zerobatch.torch`` and
 ``BatchServer`` all read a step through :func:`read_step`, so they read the same
 rows at the same position.
+
+**Ordered and stateful sources** (optional; a ``Mixture`` is both). A source
+with ``ordered = True`` is already in training order: plans read it unshuffled
+(:func:`plan_shuffle`). A source with ``state_dict()`` contributes its
+JSON-able description to the one resume state: ``Position`` stores it under
+``"source"`` (:func:`source_state`). If it also has ``resumed(saved, *,
+epoch, consumed, allow)``, loading a state passes it the saved description
+and the position, and it returns the source that continues that run (itself
+when nothing changed, a new source otherwise; sources never change), or
+raises ValueError naming what changed and what ``allow`` would accept
+(:func:`resume_source`). Nothing else in the state is the source's.
 """
 
 from __future__ import annotations
@@ -21,7 +32,8 @@ import numpy.typing as npt
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan
 
-__all__ = ["Source", "fingerprint", "read_indices", "read_step", "resolve_rank"]
+__all__ = ["Source", "fingerprint", "plan_shuffle", "read_indices", "read_step",
+           "resolve_rank", "resume_source", "source_state"]
 
 _DEFAULT_RANK = "default (single process)"  # resolve_rank's origin when nothing says more
 
@@ -66,6 +78,43 @@ def fingerprint(source: Any) -> str | None:
     as a str, or None when it has none."""
     value = getattr(source, "fingerprint", None)
     return None if value is None else str(value)
+
+
+def source_state(source: Any) -> dict[str, Any] | None:
+    """The description a stateful source adds to the resume state (its
+    ``state_dict()``), or None for a plain source."""
+    describe = getattr(source, "state_dict", None)
+    return describe() if callable(describe) else None
+
+
+def plan_shuffle(source: Any, shuffle: bool | None) -> bool:
+    """The plan's ``shuffle`` for ``source``: ``shuffle`` (None: True), except
+    that an ordered source is read in order; asking to shuffle one is a
+    ValueError (its order is its own: shuffling it again would break it)."""
+    if getattr(source, "ordered", False):
+        if shuffle:
+            raise ValueError(f"shuffle=True: a {type(source).__name__} orders itself (its "
+                             "positions are already shuffled); leave shuffle unset or False")
+        return False
+    return True if shuffle is None else bool(shuffle)
+
+
+def resume_source(source: Any, state: Any, allow: Any = ()) -> Any:
+    """The source that continues the run ``state`` saved (a Position state):
+    ``source.resumed(state["source"], ...)`` for a source that can resume
+    (see the module docstring), else ``source`` itself. ValueError when
+    ``allow`` names changes but the source cannot resume changed."""
+    resumed = getattr(source, "resumed", None)
+    saved = state.get("source") if isinstance(state, dict) else None
+    if not callable(resumed) or saved is None:
+        if allow:
+            raise ValueError(f"allow={allow!r}: only a source that resumes changed (a Mixture) "
+                             f"accepts changes, and this state has "
+                             f"{'no source description' if saved is None else 'one'} for a "
+                             f"{type(source).__name__}")
+        return source
+    return resumed(saved, epoch=state.get("epoch"), consumed=state.get("consumed"),
+                   allow=allow)
 
 
 def read_step(source: Any, plan: Plan, epoch: int, consumed: int, rank: int) -> Batch:

@@ -90,9 +90,9 @@ class LoaderDataset(torch.utils.data.IterableDataset):
         """The loader's state (JSON-able): where a new pass starts."""
         return self.loader._position.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Move the loader to ``state`` (as ``Loader.load_state_dict``)."""
-        self.loader.load_state_dict(state)
+    def load_state_dict(self, state: dict[str, Any], *, allow: Any = ()) -> None:
+        """Move the loader to ``state`` (as ``Loader.load_state_dict``, ``allow`` included)."""
+        self.loader.load_state_dict(state, allow=allow)
 
     def loader_state(self, dataloader_state: dict[str, Any]) -> dict[str, Any]:
         """The Loader state inside ``StatefulDataLoader.state_dict()`` over a
@@ -108,7 +108,7 @@ class LoaderDataset(torch.utils.data.IterableDataset):
         if not states:
             raise ValueError("dataloader_state holds no LoaderDataset iterator state; pass "
                              "StatefulDataLoader(LoaderDataset(...)).state_dict()")
-        position = Position(self.loader.plan, self.loader.fingerprint)
+        position = self.loader.position()
         steps = [_check_iterator_state(s, position) for s in states]
         step_size = steps[0][1]
         if any(size != step_size for _, size in steps):
@@ -189,7 +189,7 @@ class _WorkerSteps(Iterator[Any]):
         self._loader = loader
         self._plan = loader.plan
         self._worker, self._workers = worker, workers
-        self._position = Position(loader.plan, loader.fingerprint)
+        self._position = loader.position()
         self._position.epoch, self._position.consumed = loader.step
         epochs = loader.epochs
         self._end = None if epochs is None else self._position.epoch + epochs
@@ -288,10 +288,10 @@ class DataLoader(torch.utils.data.DataLoader):
         """The Loader's position after the last batch yielded (JSON-able)."""
         return self.loader._position.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, allow: Any = ()) -> None:
         """Resume after ``state``: a Loader state, or a ``StatefulDataLoader`` state
         over a ``LoaderDataset`` (any worker count and step). ValueError names
-        what does not fit."""
+        what does not fit; ``allow`` as ``Loader.load_state_dict``."""
         if isinstance(state, dict) and ("_snapshot" in state or "fetcher_state" in state):
             state = LoaderDataset.loader_state(self.dataset, state)  # type: ignore[arg-type]
-        self.loader.load_state_dict(state)
+        self.loader.load_state_dict(state, allow=allow)
