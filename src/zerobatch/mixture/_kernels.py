@@ -12,11 +12,11 @@ from numba import njit
 
 __all__ = ["PERIOD", "ROTATION", "block_counts", "block_layout", "extras_before"]
 
-PERIOD = 1 << 20
+PERIOD = 1 << 30
 """K: the blocks after which a stage's rotation of leftover slots repeats. A
 source's long-run share is exact to 1 / (K * block_size) of the stream."""
 
-ROTATION = 648055
+ROTATION = 663608941
 """g: block ``k`` of a stage starts its leftover slots at residue ``k * g mod K``.
 Odd (so ``k -> k * g mod K`` is a bijection on a period) and close to K / phi,
 the golden section, so consecutive blocks' residues spread evenly."""

@@ -71,6 +71,7 @@ import numpy.typing as npt
 from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.mixture.order import (
     DEFAULT_BLOCK_SIZE,
+    MAX_BLOCK_SIZE,
     MixtureOrder,
     Stage,
     check_weights,
@@ -91,11 +92,11 @@ sources read, of the length (or ``max_passes``)."""
 SOURCE_COLUMN = "source"
 
 
-def _int(name: str, value: object, low: int = 1) -> int:
+def _int(name: str, value: object, low: int = 1, high: int = MAX_LENGTH) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an int, got {value!r}")
-    if not low <= int(value) <= MAX_LENGTH:
-        raise ValueError(f"{name} must be in [{low}, 2**63], got {value}")
+    if not low <= int(value) <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
     return int(value)
 
 
@@ -160,7 +161,8 @@ class Mixture:
                                  f"Batch; got {type(source).__name__}")
             if len(source) < 1:
                 raise ValueError(f"sources[{name!r}] has no observations")
-        size = DEFAULT_BLOCK_SIZE if block_size is None else _int("block_size", block_size)
+        size = (DEFAULT_BLOCK_SIZE if block_size is None
+                else _int("block_size", block_size, high=MAX_BLOCK_SIZE))
         stages = _stages(weights, size)
         missing = sorted({n for s in stages for n in s.weights} - set(sources))
         if missing:
@@ -295,10 +297,10 @@ class Mixture:
                                  f"{self.names[s]!r}, which this mixture no longer has "
                                  "(removed at a resume, after those positions)")
             batches.append(source.read(self._indices(s, slots[rows])))
-        if not batches:
-            return Batch.from_columns({SOURCE_COLUMN: np.empty(0, np.int32)},
-                                      BatchMeta(idx, production_status=np.ones(0)))
         names = [self.names[s] for s in present.tolist()]
+        if not batches:  # no rows: the first source's columns, empty
+            name, source = next(iter(self._sources.items()))
+            batches, names = [source.read(np.empty(0, dtype=np.int64))], [name]
         columns = _assemble(batches, names, by_source, bounds, count)
         columns[SOURCE_COLUMN] = sources.astype(np.int32)
         return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(count)))

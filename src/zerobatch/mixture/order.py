@@ -17,7 +17,7 @@ block, so that each source's long-run share is its weight, not its rounded
 quota (with 2,000 sources in blocks of 1,024 a fixed rounding would read half
 of them twice as often as asked, forever). The rotation: lay the remainders
 ``r_s = B * p_s - floor(B * p_s)`` end to end on ``[0, R)``, scale by ``K =
-2**20`` and round the boundaries up (``bounds``); block ``k`` gives a leftover
+2**30`` and round the boundaries up (``bounds``); block ``k`` gives a leftover
 to each source whose ``[bounds[s], bounds[s + 1])`` holds an ``x`` with ``x mod
 K == (k * g + h) mod K``, ``g`` odd near ``K / phi`` and ``h`` from the seed.
 Each residue lies in exactly ``R`` of the ranges, a range holds each residue
@@ -65,13 +65,17 @@ from zerobatch.mixture import _kernels as k
 from zerobatch.plan import epoch_seed
 from zerobatch.shuffle import MAX_LENGTH, Feistel, _splitmix64
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "MixtureOrder", "Stage", "pass_order", "source_key"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "MixtureOrder", "Stage", "pass_order",
+           "source_key"]
 
 DEFAULT_BLOCK_SIZE = 1024
 """Positions per block. A block is the span over which every source's count is
 exact (quota rounded down or up), so a global step of 512 to a few thousand
 observations sees each source within one of its share; larger blocks cost
 more per first read of a block (a Feistel walk over the block, ~10 us at 1,024)."""
+
+MAX_BLOCK_SIZE = 1 << 24
+"""The largest block (the kernels' int64 arithmetic stays below 2**63 up to it)."""
 
 _MASK64 = (1 << 64) - 1
 _SOURCE_DOMAIN = 0x4D49585352434B59  # "MIXSRCKY"
@@ -234,6 +238,9 @@ class MixtureOrder:
         self._stages: list[_StageOrder] = []
         base = np.zeros(len(self.names), dtype=np.int64)
         for t, stage in enumerate(self.stages):
+            if not 1 <= stage.block_size <= MAX_BLOCK_SIZE:
+                raise ValueError(f"stage {t}: block_size must be in [1, {MAX_BLOCK_SIZE}], "
+                                 f"got {stage.block_size}")
             if t and stage.start <= self.stages[t - 1].start:
                 raise ValueError(f"stage starts must increase: stage {t} starts at "
                                  f"{stage.start}, after {self.stages[t - 1].start}")
@@ -272,6 +279,8 @@ class MixtureOrder:
             raise IndexError(f"position {int(pos.min())} is negative")
         sources = np.empty(pos.shape[0], dtype=np.int64)
         slots = np.empty(pos.shape[0], dtype=np.int64)
+        if pos.size == 0:
+            return sources, slots
         if len(self._stages) == 1:
             self._locate(self._stages[0], pos, sources, slots, None)
         else:

@@ -1,0 +1,503 @@
+"""Mixture: the pure order (hypothesis), resumes with changed weights, the Loader,
+the torch adapter, output="jax", a SIGKILL-and-resume run and bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import random
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from zerobatch import Batch, Jagged, Loader, Mixture, StreamWriter, open_dataset
+from zerobatch.mixture import MixtureOrder, Stage
+from zerobatch.mixture.order import pass_order
+from zerobatch.plan import Plan
+
+ALL = ("weights", "sources", "length")
+
+
+class Tagged:
+    """Observation ``i`` of source ``tag``: columns ``tag``, ``index`` and a
+    jagged ``items`` (``i % 3 + 1`` copies of ``i``)."""
+
+    def __init__(self, n: int, tag: int) -> None:
+        self.n, self.tag = n, tag
+
+    def __len__(self) -> int:
+        return self.n
+
+    def read(self, indices: Any) -> Batch:
+        idx = np.asarray(indices, dtype=np.int64)
+        assert idx.size == 0 or (idx.min() >= 0 and idx.max() < self.n)
+        lengths = idx % 3 + 1
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return Batch.from_columns({"tag": np.full(idx.shape[0], self.tag), "index": idx,
+                                   "items": Jagged(np.repeat(idx, lengths), offsets)})
+
+
+def _sources(lengths: list[int]) -> dict[str, Tagged]:
+    return {f"s{i}": Tagged(n, i) for i, n in enumerate(lengths)}
+
+
+def _own_order(order: MixtureOrder, s: int, slots: np.ndarray) -> np.ndarray:
+    """Source ``s``'s observations at ``slots``, straight from its per-pass Feistel."""
+    n = int(order.lengths[s])
+    return np.array([pass_order(n, order.keys[s], j // n)(j % n) for j in slots.tolist()],
+                    dtype=np.int64)
+
+
+def _check_sources(order: MixtureOrder, positions: np.ndarray) -> None:
+    """Each source's observations at ``positions`` (all positions from 0, in
+    order) are its slots 0, 1, 2, ... read through its own order."""
+    sources, passes, index = order.observations(positions)
+    for s in np.unique(sources).tolist():
+        got = index[sources == s]
+        np.testing.assert_array_equal(got, _own_order(order, s, np.arange(got.shape[0])))
+        n = int(order.lengths[s])
+        for p in range(got.shape[0] // n):  # whole passes hold every observation once
+            assert sorted(got[p * n:(p + 1) * n].tolist()) == list(range(n))
+        assert (passes[sources == s] == np.arange(got.shape[0]) // n).all()
+
+
+weights_st = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False, allow_infinity=False)
+
+
+@st.composite
+def mixtures(draw: Any, max_sources: int = 50) -> tuple[list[int], list[Stage], int]:
+    count = draw(st.integers(1, max_sources))
+    lengths = draw(st.lists(st.integers(1, 10_000), min_size=count, max_size=count))
+    block = draw(st.sampled_from([1, 2, 3, 7, 16, 64, 100, 256, 1024]))
+    stages, start = [], 0
+    for _ in range(draw(st.integers(1, 3))):
+        chosen = draw(st.lists(st.integers(0, count - 1), min_size=1, max_size=count,
+                               unique=True))
+        stages.append(Stage(start, {f"s{i}": draw(weights_st) for i in chosen},
+                            draw(st.sampled_from([block, block + 1]))))
+        start += draw(st.integers(1, 3000))
+    return lengths, stages, draw(st.integers(0, 2**64 - 1))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixtures())
+def test_blocks_hold_their_counts_and_sources_their_own_order(case: Any) -> None:
+    lengths, stages, seed = case
+    names = [f"s{i}" for i in range(len(lengths))]
+    order = MixtureOrder(names, lengths, stages, seed=seed)
+    end = stages[-1].start + 3 * stages[-1].block_size
+    positions = np.arange(end, dtype=np.int64)
+    sources, _ = order.locate(positions)
+    for t, stage in enumerate(stages):
+        stop = stages[t + 1].start if t + 1 < len(stages) else end
+        weights = np.array([stage.weights.get(n, 0.0) for n in names])
+        quota = stage.block_size * weights / weights.sum()
+        for b in range((stop - stage.start) // stage.block_size):
+            counts = order.block_counts(t, b)
+            lo = stage.start + b * stage.block_size
+            seen = np.bincount(sources[lo:lo + stage.block_size], minlength=len(names))
+            np.testing.assert_array_equal(seen, counts)
+            assert counts.sum() == stage.block_size
+            assert ((counts == np.floor(quota)) | (counts == np.ceil(quota))
+                    | np.isclose(counts, quota)).all()
+    _check_sources(order, positions)
+    # the slots before any position are the counts of the positions before it
+    cut = int(np.random.default_rng(seed % 2**32).integers(0, end + 1))
+    np.testing.assert_array_equal(order.slots_before(cut),
+                                  np.bincount(sources[:cut], minlength=len(names)))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixtures(max_sources=12), st.integers(1, 64), st.data())
+def test_union_over_ranks_is_the_single_process_sequence(case: Any, world_size: int,
+                                                         data: Any) -> None:
+    lengths, stages, seed = case
+    mix = Mixture(_sources(lengths), [(s.start, s.weights) for s in stages], seed=seed,
+                  length=stages[-1].start + 2_000, block_size=stages[0].block_size)
+    batch_size = data.draw(st.integers(1, 16))
+    plan = Plan(len(mix), batch_size, world_size=world_size, shuffle=False)
+    whole = mix.read(np.arange(len(mix)))
+    for consumed in (0, plan.step_size * (plan.steps(0) // 2)):
+        if plan.steps(consumed) == 0:
+            continue
+        rows = {}
+        for rank in range(world_size):
+            indices, _ = plan.indices(0, consumed, rank)
+            batch = mix.read(indices)
+            for position, tag, index in zip(indices.tolist(), batch["tag"].tolist(),
+                                            batch["index"].tolist(), strict=True):
+                rows[position] = (tag, index)
+        assert sorted(rows) == list(range(consumed, consumed + plan.step_size))
+        for position, pair in rows.items():
+            assert pair == (int(whole["tag"][position]), int(whole["index"][position]))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 30), st.data())
+def test_resumes_with_changed_weights_never_repeat_or_skip(count: int, data: Any) -> None:
+    lengths = data.draw(st.lists(st.integers(1, 300), min_size=count, max_size=count))
+    seed = data.draw(st.integers(0, 2**32))
+    sources = _sources(lengths)
+
+    def draw_mixture() -> Mixture:
+        chosen = data.draw(st.lists(st.sampled_from(sorted(sources)), min_size=1,
+                                    max_size=count, unique=True))
+        return Mixture({n: sources[n] for n in chosen},
+                       {n: data.draw(weights_st) for n in chosen}, seed=seed, length=50_000,
+                       block_size=data.draw(st.sampled_from([1, 5, 64, 256])))
+
+    mix, consumed, log = draw_mixture(), 0, []
+    for _ in range(data.draw(st.integers(1, 4))):
+        # read some steps of some batch size and world size, then resume changed
+        plan = Plan(len(mix), data.draw(st.integers(1, 32)),
+                    world_size=data.draw(st.integers(1, 8)), shuffle=False)
+        steps = data.draw(st.integers(0, 20))
+        stop = consumed + steps * plan.step_size
+        batch = mix.read(np.arange(consumed, stop))
+        log.extend(zip(batch["source"].tolist(), batch["index"].tolist(), strict=True))
+        state = {"epoch": 0, "consumed": stop}
+        before = mix
+        mix = draw_mixture().resumed(before.state_dict(), epoch=0, consumed=stop, allow=ALL)
+        # the past is kept: the resumed mixture places the positions before the cut alike
+        for a, b in zip(mix.order.locate(np.arange(stop)), before.order.locate(np.arange(stop)),
+                        strict=True):
+            np.testing.assert_array_equal(a, b)
+        consumed = state["consumed"]
+    order = mix.order
+    for s in range(len(order.names)):
+        got = np.array([i for src, i in log if src == s], dtype=np.int64)
+        np.testing.assert_array_equal(got, _own_order(order, s, np.arange(got.shape[0])))
+
+
+def test_large_sizes_map_to_in_range_distinct_observations() -> None:
+    rng = np.random.default_rng(5)
+    count = 10_000
+    lengths = rng.integers(1, 10**12, size=count, endpoint=True)
+    lengths[:10] = [1, 2, 3, 10**12, 10**12 - 1, 7, 2**40, 5, 1, 999]
+    names = [f"source-{i}" for i in range(count)]
+    weights = dict(zip(names, rng.random(count) + 1e-3, strict=True))
+    order = MixtureOrder(names, lengths.tolist(), [Stage(0, weights, 1024)], seed=3)
+    positions = 10**15 + np.arange(4096, dtype=np.int64)
+    sources, passes, index = order.observations(positions)
+    assert (index >= 0).all() and (index < lengths[sources]).all()
+    triples = set(zip(sources.tolist(), passes.tolist(), index.tolist(), strict=True))
+    assert len(triples) == positions.shape[0]
+    # a source seen in both blocks continues its slots
+    slots = order.locate(positions)[1]
+    for s in np.unique(sources)[:50].tolist():
+        mine = slots[sources == s]
+        assert (np.diff(mine) == 1).all()
+        assert mine[0] == order.slots_before(int(positions[sources == s][0]))[s]
+    # the long-run share is the weight: 10**15 positions in (931 periods of 2**30
+    # blocks), every source within the rounding of its leftovers, < 1 slot a period
+    before = order.slots_before(10**15)
+    share = np.array(list(weights.values()))
+    expected = 10**15 * share / share.sum()
+    assert np.abs(before - expected).max() < 1_000
+    assert before.sum() == 10**15
+
+
+def test_weight_changes_keep_each_source_in_its_pass() -> None:
+    sources = _sources([40, 25, 9, 60])
+    mix = Mixture({n: sources[n] for n in ("s0", "s1", "s2")},
+                  {"s0": 1.0, "s1": 2.0, "s2": 0.5}, seed=9, length=5_000, block_size=16)
+    first = mix.read(np.arange(203))
+    changed = Mixture({n: sources[n] for n in ("s0", "s1", "s3")},
+                      {"s0": 5.0, "s1": 0.25, "s3": 1.0}, seed=9, length=5_000, block_size=16)
+    with pytest.raises(ValueError, match=r"weights.*sources|sources.*weights") as error:
+        changed.resumed(mix.state_dict(), epoch=0, consumed=203)
+    assert "allow=" in str(error.value) and "'s2' 0.1429 -> 0" in str(error.value)
+    with pytest.raises(ValueError, match="sources"):
+        changed.resumed(mix.state_dict(), epoch=0, consumed=203, allow={"weights"})
+    resumed = changed.resumed(mix.state_dict(), epoch=0, consumed=203,
+                              allow={"weights", "sources"})
+    assert [s.start for s in resumed.stages] == [0, 203]
+    assert resumed.names == ("s0", "s1", "s2", "s3")
+    later = resumed.read(np.arange(203, 2_000))
+    log = list(zip(first["source"].tolist(), first["index"].tolist(), strict=True))
+    log += zip(later["source"].tolist(), later["index"].tolist(), strict=True)
+    for s in range(4):
+        got = np.array([i for src, i in log if src == s])
+        np.testing.assert_array_equal(got, _own_order(resumed.order, s, np.arange(len(got))))
+    assert 2 not in later["source"].tolist()  # removed: never read after the cut
+    # a fresh mixture with the final weights resumes the changed run unchanged
+    state = resumed.state_dict()
+    again = Mixture({n: sources[n] for n in ("s0", "s1", "s3")},
+                    {"s3": 1.0, "s0": 5.0, "s1": 0.25}, seed=9, length=5_000, block_size=16)
+    same = again.resumed(state, epoch=0, consumed=900)
+    assert same.fingerprint == resumed.fingerprint
+    np.testing.assert_array_equal(same.read(np.arange(900, 1_200))["index"],
+                                  resumed.read(np.arange(900, 1_200))["index"])
+    # a schedule is data: the same weights as stages give the same order
+    scheduled = Mixture({n: sources[n] for n in ("s0", "s1", "s2", "s3")},
+                        [(0, {"s0": 1.0, "s1": 2.0, "s2": 0.5}),
+                         (203, {"s0": 5.0, "s1": 0.25, "s3": 1.0})], seed=9, length=5_000,
+                        block_size=16)
+    np.testing.assert_array_equal(scheduled.read(np.arange(2_000))["index"],
+                                  np.concatenate([first["index"], later["index"]]))
+
+
+def test_passes_and_length() -> None:
+    sources = _sources([10, 100])
+    mix = Mixture(sources, {"s0": 1.0, "s1": 1.0}, max_passes=2, block_size=8, seed=1)
+    # s0 exhausts its 2 passes (20 observations) first: the mixture ends there
+    tags = mix.read(np.arange(len(mix)))["tag"]
+    assert (tags == 0).sum() == 20 and len(mix) < 45
+    assert Mixture(sources, {"s0": 1.0, "s1": 1.0}, max_passes={"s1": 1},
+                   block_size=8).describe()[1]["slots"] == 100
+    short = Mixture(sources, {"s0": 1.0, "s1": 1.0}, max_passes=2, length=10, block_size=8)
+    assert len(short) == 10
+    with pytest.raises(IndexError, match="out of range"):
+        mix.read([len(mix)])
+    rows = Mixture(sources, {"s0": 1.0, "s1": 3.0}, length=4_096, block_size=64).describe()
+    assert [r["name"] for r in rows] == ["s0", "s1"]
+    assert rows[0]["weight"] == rows[0]["achieved"] == 0.25
+    assert rows[0]["passes"] == 103 and rows[1]["slots"] == 3_072
+
+
+def test_state_is_json_and_checked_against_the_fingerprint() -> None:
+    sources = _sources([30, 20])
+    mix = Mixture(sources, {"s0": 1.0, "s1": 2.0}, seed=4, length=600, block_size=8)
+    loader = Loader(mix, 6, output="numpy", num_threads=0)
+    it = iter(loader)
+    for _ in range(5):
+        next(it)
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["fingerprint"] == mix.fingerprint and state["source"]["seed"] == 4
+    rest = [b["index"].tolist() for b in it]
+    fresh = Loader(Mixture(sources, {"s1": 2.0, "s0": 1.0}, seed=4, length=600, block_size=8),
+                   6, output="numpy", num_threads=0)
+    fresh.load_state_dict(state)
+    assert [b["index"].tolist() for b in fresh] == rest
+    other_seed = Loader(Mixture(sources, {"s0": 1.0, "s1": 2.0}, seed=5, length=600),
+                        6, output="numpy")
+    with pytest.raises(ValueError, match="another mixture"):
+        other_seed.load_state_dict(state)
+    other_data = Loader(Mixture({"s0": Tagged(31, 0), "s1": sources["s1"]},
+                                {"s0": 1.0, "s1": 2.0}, seed=4, length=600), 6, output="numpy")
+    with pytest.raises(ValueError, match="source 's0' changed"):
+        other_data.load_state_dict(state)
+    longer = Loader(Mixture(sources, {"s0": 1.0, "s1": 2.0}, seed=4, length=900,
+                            block_size=8), 6, output="numpy")
+    with pytest.raises(ValueError, match="length"):
+        longer.load_state_dict(state)
+    longer.load_state_dict(state, allow={"length"})
+    assert [b["index"].tolist() for b in longer][:len(rest)] == rest
+    plain = Loader(Tagged(600, 0), 6, output="numpy")
+    with pytest.raises(ValueError, match="fingerprint"):
+        plain.load_state_dict(state)
+    with pytest.raises(ValueError, match="only a source that resumes"):
+        plain.load_state_dict(plain.state_dict(), allow={"weights"})
+    with pytest.raises(ValueError, match="another source"):
+        Loader(mix, 6).load_state_dict({**state, "source": {"version": 7}})
+
+
+def test_bad_input_names_the_argument() -> None:
+    sources = _sources([5, 5])
+    for weights, match in [({"s0": 0.0, "s1": 1.0}, "weights.*> 0"),
+                           ({"s0": -1.0, "s1": 1.0}, "weights.*'s0'"),
+                           ({"s0": math.nan, "s1": 1.0}, "weights.*'s0': nan"),
+                           ({"s0": math.inf}, "weights.*'s0': inf"),
+                           ({"s0": 1.0, "s9": 1.0}, "weights name sources.*s9"),
+                           ({}, "weights"), ([(5, {"s0": 1.0})], r"weights\[0\] must start"),
+                           ([(0, {"s0": 1.0}), (0, {"s1": 1.0})], "stage starts must increase"),
+                           ({"s0": True}, "weights")]:
+        with pytest.raises(ValueError, match=match):
+            Mixture(sources, weights, length=10)
+    with pytest.raises(ValueError, match="length"):
+        Mixture(sources, {"s0": 1.0})
+    with pytest.raises(ValueError, match="sources"):
+        Mixture({}, {"s0": 1.0}, length=10)
+    with pytest.raises(ValueError, match="block_size"):
+        Mixture(sources, {"s0": 1.0}, length=10, block_size=0)
+    with pytest.raises(ValueError, match="max_passes"):
+        Mixture(sources, {"s0": 1.0}, max_passes={"s7": 1})
+    with pytest.raises(ValueError, match="shuffle=True"):
+        Loader(Mixture(sources, {"s0": 1.0}, length=10), 2, shuffle=True)
+
+
+def test_windows_and_documents_do_not_mix(tmp_path: Path) -> None:
+    folder = _corpus(tmp_path / "c", 0)
+    ds = open_dataset(folder)
+    with pytest.raises(ValueError, match=r"sources: .*'w' reads windows, 'd' reads documents"):
+        Mixture({"w": ds.windows(8), "d": ds.documents()}, {"w": 1.0, "d": 1.0}, length=10)
+    with pytest.raises(ValueError, match=r"seq_len=8.*16"):
+        Mixture({"a": ds.windows(8), "b": ds.windows(16)}, {"a": 1.0, "b": 1.0}, length=10)
+
+    class Other(Tagged):
+        def read(self, indices: Any) -> Batch:
+            return Batch.from_columns({"tag": np.zeros(len(indices), np.float32)})
+
+    mix = Mixture({"a": Tagged(50, 0), "b": Other(50, 1)}, {"a": 1.0, "b": 1.0}, length=100,
+                  block_size=4)
+    with pytest.raises(ValueError, match="'a' and 'b' give columns that cannot mix"):
+        mix.read(np.arange(8))
+
+
+def _corpus(folder: Path, seed: int, documents: int = 120) -> Path:
+    rng = np.random.default_rng(seed)
+    with StreamWriter(folder, shard_tokens=2_000) as writer:
+        for _ in range(documents):
+            writer.add_document(rng.integers(0, 1000, size=int(rng.integers(5, 50))))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("mixture")
+    return [_corpus(root / f"c{i}", i, 60 + 40 * i) for i in range(3)]
+
+
+def _windows_mixture(corpora: list[Path], weights: dict[str, float], length: int) -> Mixture:
+    return Mixture({f"c{i}": open_dataset(p).windows(8) for i, p in enumerate(corpora)},
+                   weights, seed=17, length=length, block_size=32)
+
+
+def test_through_the_loader_with_threads(corpora: list[Path]) -> None:
+    mix = _windows_mixture(corpora, {"c0": 0.2, "c1": 0.5, "c2": 0.3}, 1_000)
+    expected_sources, expected_index = mix.locate(np.arange(len(mix)))
+    windows = [mix.sources[f"c{i}"] for i in range(3)]
+    for world_size in (1, 3):
+        received: dict[int, tuple[int, int]] = {}
+        for rank in range(world_size):
+            loader = Loader(mix, 8, rank=rank, world_size=world_size, num_threads=2,
+                            prefetch=3, output="batch")
+            for batch in loader:
+                positions = batch.meta.global_indexes.tolist()
+                for row, (position, s) in enumerate(zip(positions, batch["source"].tolist(),
+                                                        strict=True)):
+                    received[position] = (s, int(expected_index[position]))
+                    want = windows[s].read([expected_index[position]])["input_ids"][0]
+                    np.testing.assert_array_equal(batch["input_ids"][row], want)
+        assert sorted(received) == list(range(len(received)))
+        assert [received[p][0] for p in sorted(received)] == expected_sources[
+            :len(received)].tolist()
+
+
+def test_through_loader_dataset_with_two_workers() -> None:
+    torch = pytest.importorskip("torch")
+    from zerobatch.torch import LoaderDataset
+
+    mix = Mixture(_sources([37, 50, 11]), {"s0": 1.0, "s1": 2.0, "s2": 0.5}, seed=2,
+                  length=400, block_size=16)
+    loader = Loader(mix, 8)
+    expected = [(b["source"].tolist(), b["index"].tolist()) for b in Loader(mix, 8)]
+    data = torch.utils.data.DataLoader(LoaderDataset(loader), batch_size=None, num_workers=2)
+    got = [(b["source"].tolist(), b["index"].tolist()) for b in data]
+    assert got == expected
+    sources, index = mix.locate(np.arange(len(expected) * 8))
+    assert [s for b in got for s in b[0]] == sources.tolist()
+    assert [i for b in got for i in b[1]] == index.tolist()
+
+
+def test_output_jax_on_eight_devices(tmp_path: Path) -> None:
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from zerobatch.stream.npy import open_npy
+
+    windows = {}
+    for i in range(3):
+        folder = tmp_path / f"n{i}"
+        folder.mkdir()
+        np.save(folder / "0.npy", np.random.default_rng(i).integers(0, 30_000, size=600 + 200 * i,
+                                                                    dtype=np.uint16))
+        windows[f"n{i}"] = open_npy(folder).windows(8, dtype="int32")
+    mix = Mixture(windows, {"n0": 1.0, "n1": 1.0, "n2": 2.0}, seed=3, length=160, block_size=16)
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 2, 2), ("pp", "dp", "tp"))
+    sharding = NamedSharding(mesh, P("pp", "dp", "tp"))
+    steps = list(Loader(mix, 8, output="jax", sharding=sharding, microbatch=2, num_threads=2))
+    numpy = list(Loader(mix, 8, output="numpy"))
+    assert len(steps) == len(numpy) == 20
+    for (x, y), batch in zip(steps, numpy, strict=True):
+        assert x.shape == (2, 4, 8)
+        np.testing.assert_array_equal(np.asarray(x).reshape(8, 8), batch["input_ids"])
+        np.testing.assert_array_equal(np.asarray(y).reshape(8, 8), batch["labels"])
+
+
+_BEFORE = {"c0": 0.5, "c1": 0.3, "c2": 0.2}
+_AFTER = {"c0": 0.1, "c1": 0.3, "c2": 0.6}
+_CHANGE_FROM = 30  # lines: the first resume at or past this many changes the weights
+
+
+def _kill_child(corpora: list[Path], log: Path, checkpoint: Path, kill_at: int | None) -> None:
+    """Train over the 3-source mixture, logging (position, source, first token) per
+    row; checkpoint every 3 steps; SIGKILL itself at line ``kill_at``. The first
+    resume from a checkpoint at ``_CHANGE_FROM`` lines or later changes the weights."""
+    lines, state, weights = 0, None, _BEFORE
+    if checkpoint.exists():
+        saved = json.loads(checkpoint.read_text())
+        state, lines = saved["state"], saved["lines"]
+        if lines >= _CHANGE_FROM:
+            weights = _AFTER
+    loader = Loader(_windows_mixture(corpora, weights, 800), 4, prefetch=3, num_threads=2,
+                    output="batch")
+    if state is not None:
+        loader.load_state_dict(state, allow={"weights"})
+    with open(log, "r+" if log.exists() else "w") as file:
+        file.truncate(sum(len(x) for x in file.readlines()[:lines]) if lines else 0)
+        file.seek(0, os.SEEK_END)
+        for step, batch in enumerate(loader, start=1):
+            rows = zip(batch.meta.global_indexes.tolist(), batch["source"].tolist(),
+                       batch["input_ids"][:, 0].tolist(), strict=True)
+            file.write(" ".join(f"{p}:{s}:{t}" for p, s, t in rows) + "\n")
+            file.flush()
+            lines += 1
+            if lines == kill_at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            if step % 3 == 0:
+                tmp = checkpoint.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"state": loader.state_dict(), "lines": lines}))
+                os.replace(tmp, checkpoint)
+    (log.parent / "done").write_text("ok")
+
+
+def test_kill_and_resume_with_a_weight_change(corpora: list[Path], tmp_path: Path) -> None:
+    log, checkpoint = tmp_path / "log", tmp_path / "checkpoint.json"
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["zerobatch"])
+    rng = random.Random(1)
+    kills = 0
+    while not (tmp_path / "done").exists():
+        saved = json.loads(checkpoint.read_text())["lines"] if checkpoint.exists() else 0
+        target = saved + rng.randrange(1, 8) if kills < 20 else None
+        child = context.Process(target=_kill_child, args=(corpora, log, checkpoint, target))
+        child.start()
+        child.join(120)
+        assert child.exitcode is not None
+        if child.exitcode == -signal.SIGKILL:
+            kills += 1
+        else:
+            assert child.exitcode == 0
+    assert kills == 20
+    got = [[tuple(int(v) for v in row.split(":")) for row in line.split()]
+           for line in log.read_text().splitlines()]
+    stages = json.loads(checkpoint.read_text())["state"]["source"]["stages"]
+    assert len(stages) == 2 and stages[1]["start"] >= _CHANGE_FROM * 4
+    change = stages[1]["start"]
+    # expected: the old weights up to the change, then the run resumed there with the new
+    before = _windows_mixture(corpora, _BEFORE, 800)
+    head = before.read(np.arange(change))
+    after = _windows_mixture(corpora, _AFTER, 800).resumed(
+        before.state_dict(), epoch=0, consumed=change, allow={"weights"})
+    tail = after.read(np.arange(change, 800))
+    expected_rows = list(zip(range(800), [*head["source"].tolist(), *tail["source"].tolist()],
+                             [*head["input_ids"][:, 0].tolist(),
+                              *tail["input_ids"][:, 0].tolist()], strict=True))
+    assert got == [expected_rows[i:i + 4] for i in range(0, 800, 4)]
+    # and each source read its own order without a repeat or a skip across the change
+    index = np.concatenate([before.locate(np.arange(change))[1],
+                            after.locate(np.arange(change, 800))[1]])
+    sources = np.array([s for _, s, _ in expected_rows])
+    for s in range(3):
+        got_index = index[sources == s]
+        np.testing.assert_array_equal(got_index, _own_order(after.order, s,
+                                                            np.arange(got_index.shape[0])))
