@@ -227,7 +227,7 @@ class Loader:
         bind = getattr(source, "bind_plan", None)
         if callable(bind):  # a source with its own plan (packed rows), bound to our order
             self._plan, source = bind(batch_size, world_size=world_size, seed=seed,
-                                      shuffle=shuffle, drop_last=drop_last,
+                                      shuffle=plan_shuffle(source, shuffle), drop_last=drop_last,
                                       block_size=block_size)
         else:
             self._plan = Plan(len(source), batch_size, world_size=world_size, seed=seed,
