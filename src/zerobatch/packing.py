@@ -70,7 +70,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -81,10 +81,25 @@ from zerobatch.plan import Plan, Planned, epoch_seed
 from zerobatch.shuffle import Feistel
 from zerobatch.varlen import IGNORE_INDEX, LABEL_MODES, to_output, varlen_columns
 
-if TYPE_CHECKING:
-    from zerobatch.stream.reader import Documents
-
 __all__ = ["DEFAULT_WINDOW", "MIN_WINDOW", "POLICIES", "PackedPlan", "PackedRows"]
+
+
+class _Documents(Protocol):
+    """What packing reads of ``zerobatch.stream.Documents``, typed here: the
+    reader imports this module (``Documents.packed``), so this one never
+    imports the reader."""
+
+    _ds: Any  # the stream Dataset: manifest, path, has_metadata
+    _dtype: np.dtype | None
+
+    def __len__(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
+    def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch: ...
+    def records(self, indices: Sequence[int] | npt.NDArray[np.integer]
+                ) -> tuple[np.ndarray, npt.NDArray[np.int64]]: ...
+    def lengths(self, indices: Sequence[int] | npt.NDArray[np.integer]
+                ) -> npt.NDArray[np.int64]: ...
 
 DEFAULT_WINDOW = 8192
 """Documents packed together by default: padding under 1% on lognormal
@@ -163,7 +178,7 @@ class PackedRows:
     """
 
     def __init__(
-        self, documents: Documents, seq_len: int, *, window: int = DEFAULT_WINDOW,
+        self, documents: _Documents, seq_len: int, *, window: int = DEFAULT_WINDOW,
         policy: Literal["split", "truncate", "drop"] = "split",
         labels: Literal["shifted", "aligned"] = "shifted", loss_mask: str | None = None,
         loss_spans: str | None = None, attention_mask: bool = False,
@@ -515,7 +530,7 @@ def _kind(value: Any) -> Any:
     return None
 
 
-def _check_span_kind(documents: Documents, kind: str, sample: int = 64) -> None:
+def _check_span_kind(documents: _Documents, kind: str, sample: int = 64) -> None:
     """ValueError unless the dataset has span metadata and, among the spans of
     its first ``sample`` documents, one of kind ``kind`` (when there are any)."""
     ds = documents._ds
