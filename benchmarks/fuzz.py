@@ -594,10 +594,10 @@ def _read_cli(folder: Path, files: Files) -> None:
 
     try:
         argv = json.loads(files.get("argv.json", b""))
-    except ValueError:
+    except (ValueError, RecursionError):
         raise FormatError("not JSON", path="argv.json", field="argv") from None
-    if not isinstance(argv, list):
-        raise FormatError("not a list", path="argv.json", field="argv")
+    if not isinstance(argv, list) or not argv:
+        raise FormatError("not a list of arguments", path="argv.json", field="argv")
     argv = [str(a).replace("{dir}", str(folder)) for a in argv]
     if argv and argv[0] == "serve":
         raise FormatError("serve never returns: not run", path="argv.json", field="argv")
