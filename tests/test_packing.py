@@ -404,3 +404,25 @@ def test_real_model_same_loss_packed_and_padded(tmp_path, flatten):
     with torch.no_grad():
         leaky = model(input_ids=ids, labels=labels, use_cache=False).loss
     assert abs(leaky.item() - padded_loss.item()) > 1e-6
+
+
+@pytest.mark.parametrize("options", [{}, {"loss_mask": "loss_mask", "dtype": "int32"},
+                                     {"loss_spans": "assistant"}])
+def test_read_builds_what_from_columns_would(corpora, options):
+    from zerobatch import Batch
+
+    dtype = options.pop("dtype", "int64")
+    packed = open_dataset(corpora["long"]).documents(dtype=dtype).packed(40, window=16,
+                                                                          **options)
+    ids = Loader(packed, 5, seed=9)._plan.rank_indices(0, 0, 0)[0]
+    batch = packed.read(ids)
+    again = Batch.from_columns(batch.to_numpy())
+    assert list(batch.meta.field_schema) == list(again.meta.field_schema)
+    for name, field in again.meta.field_schema.items():
+        mine = batch.meta.field_schema[name]
+        assert (mine.kind, np.dtype(mine.dtype), mine.item_shape) == \
+            (field.kind, np.dtype(field.dtype), field.item_shape), name
+        if field.lengths is not None:
+            assert (mine.lengths == field.lengths).all()
+    assert batch.meta.global_indexes.tolist() == ids.tolist()
+    assert batch["input_ids"].dtype == np.dtype(dtype)

@@ -56,6 +56,13 @@ or spans of a kind (``loss_spans="assistant"``: spans whose value is that
 string, or a dict with that ``"kind"``) mask the labels (see
 :mod:`zerobatch.varlen` for both label conventions).
 
+Mixtures: a packed source packs the documents of one ``Documents`` source
+(one dataset, or datasets joined with ``zerobatch.combine``): packing over a
+mixture of documents works when the mixture is that source. A mixture *of*
+packed sources is not supported yet: ``read`` takes the row ids its own plan
+gives (:meth:`PackedRows.bind_plan`), not positions ``0..len-1``, so a mixture
+must let each packed source keep its plan.
+
 Each epoch's padding and dropped tokens are logged (logger
 ``zerobatch.packing``, INFO) when its last window is packed, and returned by
 :meth:`PackedRows.describe`. Immutable apart from caches guarded by a lock:
@@ -76,7 +83,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch import _packing_kernels as pk
-from zerobatch.columnar import Batch, BatchMeta, Jagged
+from zerobatch.columnar import Batch, FieldSchema, Jagged
 from zerobatch.plan import Plan, Planned, epoch_seed
 from zerobatch.shuffle import Feistel
 from zerobatch.varlen import IGNORE_INDEX, LABEL_MODES, to_output, varlen_columns
@@ -269,10 +276,10 @@ class PackedRows:
 
     def rows(self, epoch: int) -> int:
         """Rows in ``epoch`` (packs every window not yet packed: O(documents))."""
-        walk = self._walk(epoch)
-        self._locate(epoch, walk, None)
-        assert walk.total is not None
-        return walk.total
+        self._locate(epoch, None)
+        total = self._walk(epoch).total
+        assert total is not None
+        return total
 
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The rows of ``indices`` (row ids, see the module docstring) as one Batch."""
@@ -322,10 +329,14 @@ class PackedRows:
             loss_mask = np.zeros((ids.shape[0], self.seq_len), mask.dtype)  # 0 = no loss
             pk.fill_rows(mask, offsets, start, size, row_offsets, loss_mask)
             columns["loss_mask"] = loss_mask
-        columns["seqlens"] = Jagged(size, row_offsets)
-        columns["doc_ids"] = Jagged(doc, row_offsets)
-        columns["doc_starts"] = Jagged(start, row_offsets)
-        return Batch.from_columns(columns, BatchMeta(ids, production_status=np.ones(len(ids))))
+        # Built valid here: Batch._trusted skips from_columns' checks (a test compares them).
+        schema = {name: FieldSchema("dense", column.dtype, column.shape[1:])
+                  for name, column in columns.items()}
+        jagged = FieldSchema("jagged", np.dtype(np.int64), (), counts)
+        for name, values in (("seqlens", size), ("doc_ids", doc), ("doc_starts", start)):
+            columns[name] = Jagged._unchecked(values, row_offsets)
+            schema[name] = jagged
+        return Batch._trusted(columns, ids, schema)
 
     def _span_mask(self, read: Batch, tokens: Jagged) -> np.ndarray:
         """The per-token loss mask of the documents read (uint8, over their
@@ -495,18 +506,27 @@ class PackedRows:
             raise ValueError(f"state has window_rows={window_rows}, but window {w} of epoch "
                              f"{epoch} packs into {self._window(epoch, w).rows} rows: it "
                              "belongs to other data or packing")
+        start = consumed - window_rows
         with self._lock:
-            self._walks[epoch] = _Walk(w, consumed - window_rows, self._windows_per_epoch)
+            known = self._walks.get(epoch)
+            if known is not None and known.first <= w < known.first + len(known.starts):
+                if known.starts[w - known.first] != start:  # another loader walked here
+                    raise ValueError(f"state has consumed={consumed} and window_rows="
+                                     f"{window_rows}: window {w} of epoch {epoch} starts at "
+                                     f"row {known.starts[w - known.first]}, not {start}")
+                return
+            self._walks[epoch] = _Walk(w, start, self._windows_per_epoch)
 
-    def _locate(self, epoch: int, walk: _Walk, row: int | None) -> tuple[int, int] | None:
+    def _locate(self, epoch: int, row: int | None) -> tuple[int, int] | None:
         """(window, row in it) of ``epoch``'s row ``row`` (None: walk to the end),
-        packing windows forward as needed; None past the epoch's end. Rows
-        before the walk's anchor raise ValueError."""
+        packing windows forward as needed; None past the epoch's end. A row
+        before the walk's anchor (a resumed position) walks again from the
+        epoch's start."""
         with self._lock:
+            walk = self._walk(epoch)
+            if row is not None and row < walk.starts[0]:
+                walk = self._walks[epoch] = _Walk(0, 0, self._windows_per_epoch)
             while True:
-                if row is not None and row < walk.starts[0]:
-                    raise ValueError(f"row {row} of epoch {epoch} is before the resumed "
-                                     f"position {walk.starts[0]}")
                 if walk.total is not None and (row is None or row >= walk.total):
                     if row is None:
                         return None
@@ -574,8 +594,7 @@ class PackedPlan(Plan):
     def _exists(self, epoch: int, row: int) -> bool:
         """Whether ``epoch`` has row ``row`` (packing forward only as far as needed)."""
         rows = self._rows
-        walk = rows._walk(epoch)
-        return row < walk.starts[0] or rows._locate(epoch, walk, row) is not None
+        return row < rows._walk(epoch).starts[0] or rows._locate(epoch, row) is not None
 
     def has_step(self, consumed: int, epoch: int = 0) -> bool:
         last = consumed + (self.step_size if self.drop_last else 1) - 1
@@ -610,14 +629,12 @@ class PackedPlan(Plan):
         rank = self.check_rank(rank)
         positions = (int(consumed) + rank
                      + self.world_size * np.arange(steps * self.batch_size, dtype=np.int64))
-        walk = rows._walk(epoch)
-        rows._locate(epoch, walk, int(positions[-1]))  # packs the windows the step reaches
-        with rows._lock:
+        with rows._lock:  # the windows the step reaches, packed; then one walk holds all
+            rows._locate(epoch, int(positions[0]))
+            rows._locate(epoch, int(positions[-1]))
+            walk = rows._walk(epoch)
             starts = np.array(walk.starts, np.int64)
             total = walk.total
-        if int(positions[0]) < int(starts[0]):
-            raise ValueError(f"row {int(positions[0])} of epoch {epoch} is before the resumed "
-                             f"position {int(starts[0])}")
         inside = positions < (starts[-1] if total is None else total)
         w = np.searchsorted(starts, positions[inside], side="right") - 1
         ids = np.empty(positions.shape[0], np.int64)
@@ -670,10 +687,8 @@ class PackedPlan(Plan):
         if consumed == 0:
             return {"window_documents": 0, "window_rows": 0}
         rows = self._rows
-        walk = rows._walk(epoch)
-        where = rows._locate(epoch, walk, consumed)
+        where = rows._locate(epoch, consumed)
         if where is None:  # the epoch's end
-            assert walk.total is not None
             return {"window_documents": rows._documents, "window_rows": 0}
         w, r = where
         return {"window_documents": w * rows.window, "window_rows": r}
