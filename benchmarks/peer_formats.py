@@ -1,0 +1,341 @@
+"""Peer formats read in place: time to the first batch, memory, shuffled tokens/s.
+
+The same random corpus (uint16 tokens, documents of about 1,000 tokens) is
+written by each peer's own writer: Megatron (megatron-core's
+``IndexedDatasetBuilder``), datatrove (``TokenizedFile``), LitData
+(``BinaryWriter``, what ``optimize`` runs; ``TokensLoader``), Hugging Face
+(``save_to_disk`` of a ``list<uint16>`` column), and zerobatch's own
+``StreamWriter`` (the native baseline). Then, each in a fresh process:
+
+1. **First batch**: wall time from opening the files to the first shuffled
+   batch (imports excluded, printed apart), and the peak RSS the process
+   added over that span (``VmHWM`` after minus ``VmRSS`` before). zerobatch:
+   ``open_dataset`` + ``Loader`` over ``windows(2048)`` + ``next``. Megatron:
+   ``IndexedDataset`` + ``GPTDataset`` (building its document, sample and
+   shuffle indices, in a fresh cache folder) + a ``DataLoader`` batch.
+   datatrove: ``DatatroveFolderDataset`` + a shuffled ``DataLoader`` batch.
+   LitData: ``StreamingDataset(shuffle=True)`` + ``StreamingDataLoader``.
+   HF: ``load_from_disk`` + one batch of shuffled rows (documents).
+2. **Shuffled tokens/s** for ``--seconds``: zerobatch's Loader (windows of
+   2,048 tokens, batch 8, int64, default threads) on each peer's files and on
+   its own format, against each peer's own loader on the same files
+   (documents for HF: zerobatch's ``documents()`` against ``ds[indices]``).
+
+    python benchmarks/peer_formats.py [--tokens 1e8] [--seconds 5] [--out DIR] [--megatron-only]
+
+Figures go to BENCHMARKS.md with the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SEQ, BATCH = 2048, 8
+
+_RSS = '''
+def rss(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key):
+            return int(line.split()[1]) * 1024
+'''
+
+_PRELUDE = "import time, json, numpy as np\n" + _RSS
+
+
+def build(root: Path, tokens: int, formats: list[str]) -> dict[str, Path]:
+    """The corpus in every format under ``root`` (kept between runs)."""
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 50_000, tokens, dtype=np.uint16)
+    lengths = np.maximum(1, rng.exponential(1000, tokens // 500).astype(np.int64))
+    ends = np.cumsum(lengths)
+    ends = np.append(ends[ends < tokens], tokens)
+    starts = np.concatenate([[0], ends[:-1]])
+    out = {}
+    for name in formats:
+        folder = root / name
+        out[name] = folder
+        if (folder / ".done").exists():
+            continue
+        folder.mkdir(parents=True, exist_ok=True)
+        t = time.perf_counter()
+        globals()[f"_write_{name}"](folder, values, starts, ends)
+        (folder / ".done").write_text("")
+        print(f"wrote {name}: {time.perf_counter() - t:.1f} s", flush=True)
+    return out
+
+
+def _write_megatron(folder: Path, values: np.ndarray, starts: np.ndarray,
+                    ends: np.ndarray) -> None:
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(str(folder / "corpus.bin"), dtype=np.uint16)
+    for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+        builder.add_item(torch.from_numpy(values[a:b]))
+        builder.end_document()
+    builder.finalize(str(folder / "corpus.idx"))
+
+
+def _write_datatrove(folder: Path, values: np.ndarray, starts: np.ndarray,
+                     ends: np.ndarray) -> None:
+    from datatrove.pipeline.tokens.tokenizer import TokenizedFile
+
+    file = TokenizedFile(str(folder), "000_corpus.ds", token_size=2, save_final_metadata=True)
+    step = 1 << 24
+    for a in range(0, values.shape[0], step):
+        inside = ends[(ends > a) & (ends <= a + step)] - a
+        file.write_bytes(values[a:a + step].tobytes(), inside.tolist())
+    file.close()
+
+
+def _write_litdata(folder: Path, values: np.ndarray, starts: np.ndarray,
+                   ends: np.ndarray) -> None:
+    import torch
+    from litdata import TokensLoader
+    from litdata.streaming.writer import BinaryWriter
+
+    writer = BinaryWriter(str(folder), chunk_bytes="64MB", item_loader=TokensLoader())
+    for k, (a, b) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+        writer[k] = torch.from_numpy(values[a:b])
+    writer.done()
+    writer.merge()
+
+
+def _write_hf(folder: Path, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+    import datasets
+    import pyarrow as pa
+
+    offsets = pa.array(np.append(starts, ends[-1]).astype(np.int32))
+    column = pa.ListArray.from_arrays(offsets, pa.array(values))
+    table = pa.table({"input_ids": column})
+    datasets.Dataset(table).save_to_disk(str(folder))
+
+
+def _write_native(folder: Path, values: np.ndarray, starts: np.ndarray,
+                  ends: np.ndarray) -> None:
+    import shutil
+
+    from zerobatch.stream import StreamWriter
+
+    shutil.rmtree(folder)
+    with StreamWriter(folder, token_dtype="<u2") as writer:
+        for a, b in zip(starts.tolist(), ends.tolist(), strict=True):
+            writer.add_document(values[a:b])
+
+
+# ------------------------------------------------------------------ runners (child code)
+
+def _zerobatch_first(path: Path, fmt: str) -> str:
+    return f'''
+import zerobatch
+from zerobatch import Loader, open_dataset
+def first():
+    before = rss("VmRSS"); t = time.perf_counter()
+    ds = open_dataset({str(path)!r})
+    source = ds.windows({SEQ}) if {fmt!r} != "docs" else ds.documents()
+    batch = next(iter(Loader(source, {BATCH}, seed=1, output="numpy")))
+    s = time.perf_counter() - t
+    ds.close()
+    return s, rss("VmHWM") - before
+cold, cold_rss = first()
+warm, warm_rss = first()
+print(json.dumps({{"s": cold, "rss": cold_rss, "warm": warm, "warm_rss": warm_rss}}))
+'''
+
+
+def _megatron_first(path: Path, cache: str) -> str:
+    return f'''
+import torch, types
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.utils import Split
+tok = types.SimpleNamespace(vocab_size=50_000, eod=0, pad=1, unique_identifiers={{"t": 1}})
+before = rss("VmRSS"); t = time.perf_counter()
+indexed = IndexedDataset({str(path / "corpus")!r})
+config = GPTDatasetConfig(random_seed=1, sequence_length={SEQ}, split="1,0,0",
+    reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+    tokenizer=tok, path_to_cache={cache!r}, create_attention_mask=False)
+ds = GPTDataset(indexed, {str(path / "corpus")!r}, np.arange(len(indexed)), None, Split.train,
+                config)
+loader = torch.utils.data.DataLoader(ds, batch_size={BATCH})
+batch = next(iter(loader))
+print(json.dumps({{"s": time.perf_counter() - t, "rss": rss("VmHWM") - before}}))
+'''
+
+
+def _datatrove_first(path: Path) -> str:
+    return f'''
+import torch
+from datatrove.utils.dataset import DatatroveFolderDataset
+before = rss("VmRSS"); t = time.perf_counter()
+ds = DatatroveFolderDataset({str(path)!r}, {SEQ}, token_size=2, shuffle=True)
+batch = next(iter(torch.utils.data.DataLoader(ds, batch_size={BATCH}, shuffle=True)))
+print(json.dumps({{"s": time.perf_counter() - t, "rss": rss("VmHWM") - before}}))
+'''
+
+
+def _litdata_first(path: Path) -> str:
+    return f'''
+from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+before = rss("VmRSS"); t = time.perf_counter()
+ds = StreamingDataset({str(path)!r}, item_loader=TokensLoader(block_size={SEQ + 1}),
+                      shuffle=True)
+batch = next(iter(StreamingDataLoader(ds, batch_size={BATCH})))
+print(json.dumps({{"s": time.perf_counter() - t, "rss": rss("VmHWM") - before}}))
+'''
+
+
+def _hf_first(path: Path) -> str:
+    return f'''
+import datasets
+before = rss("VmRSS"); t = time.perf_counter()
+ds = datasets.load_from_disk({str(path)!r}).with_format("numpy")
+order = np.random.default_rng(1).permutation(len(ds))
+batch = ds[order[:{BATCH}].tolist()]["input_ids"]
+print(json.dumps({{"s": time.perf_counter() - t, "rss": rss("VmHWM") - before}}))
+'''
+
+
+def _zerobatch_rate(path: Path, fmt: str, seconds: float) -> str:
+    return f'''
+from zerobatch import Loader, open_dataset
+ds = open_dataset({str(path)!r})
+docs = {fmt!r} == "docs"
+source = ds.documents() if docs else ds.windows({SEQ})
+next(iter(Loader(source, {BATCH}, seed=99, output="batch")))  # kernels loaded, not timed
+n = 0; t = time.perf_counter()
+for epoch in range(100):
+    for batch in Loader(source, {BATCH}, seed=epoch, output="batch", epochs=1):
+        n += batch["input_ids"].values.shape[0] if docs else batch["input_ids"].size
+        if time.perf_counter() - t > {seconds}:
+            break
+    else:
+        continue
+    break
+print(json.dumps({{"tokens_s": n / (time.perf_counter() - t)}}))
+'''
+
+
+def _timed_loop(make: str, count: str, seconds: float) -> str:
+    return f'''
+{make}
+next(iter(loader))  # the first batch is not timed
+n = 0; t = time.perf_counter()
+while time.perf_counter() - t < {seconds}:
+    for batch in loader:
+        n += {count}
+        if time.perf_counter() - t > {seconds}:
+            break
+print(json.dumps({{"tokens_s": n / (time.perf_counter() - t)}}))
+'''
+
+
+def _megatron_rate(path: Path, cache: str, seconds: float) -> str:
+    make = _megatron_first(path, cache).split("batch = next")[0]
+    return make + _timed_loop("loader = torch.utils.data.DataLoader(ds, batch_size="
+                              f"{BATCH}, shuffle=False)", 'batch["tokens"].numel()', seconds)
+
+
+def _datatrove_rate(path: Path, seconds: float) -> str:
+    make = _datatrove_first(path).split("batch = next")[0]
+    return make + _timed_loop("loader = torch.utils.data.DataLoader(ds, batch_size="
+                              f"{BATCH}, shuffle=True)", 'batch["input_ids"].numel()',
+                              seconds)
+
+
+def _litdata_rate(path: Path, seconds: float) -> str:
+    make = _litdata_first(path).split("batch = next")[0]
+    return make + _timed_loop(f"loader = StreamingDataLoader(ds, batch_size={BATCH})",
+                              "batch.numel()", seconds)
+
+
+def _hf_rate(path: Path, seconds: float) -> str:
+    make = _hf_first(path).split("batch = ds[")[0]
+    return make + _timed_loop(
+        f"loader = (ds[order[i:i + {BATCH}].tolist()]['input_ids'] for i in "
+        f"range(0, len(order), {BATCH}))", "sum(len(x) for x in batch)", seconds)
+
+
+def run(code: str) -> dict[str, float]:
+    """Run ``code`` in a fresh interpreter; its last line of JSON."""
+    done = subprocess.run([sys.executable, "-c", _PRELUDE + code], capture_output=True,
+                          text=True, timeout=3600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"child failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=float, default=1e8)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--out", type=Path, default=None, help="keep the corpora here")
+    parser.add_argument("--megatron-only", action="store_true",
+                        help="only the first-batch comparison with Megatron's GPTDataset")
+    args = parser.parse_args()
+    tokens = int(args.tokens)
+    root = args.out or Path(tempfile.mkdtemp(prefix="zb-peers-"))
+    formats = ["megatron"] if args.megatron_only else [
+        "megatron", "datatrove", "litdata", "hf", "native"]
+    paths = build(root / f"{tokens}", tokens, formats)
+    print(f"tokens {tokens:,}, seq_len {SEQ}, batch {BATCH}; load {os.getloadavg()}")
+    print("\nfirst batch (fresh process; imports excluded)")
+    print("zerobatch: cold = a fresh process (its Numba kernels load from the cache); "
+          "warm = opening again in that process")
+    print(f"{'format':<10} {'reader':<34} {'seconds':>9} {'added RSS MiB':>14}")
+    peers = {
+        "megatron": lambda p: _megatron_first(p, tempfile.mkdtemp(prefix="zb-mcache-")),
+        "datatrove": _datatrove_first, "litdata": _litdata_first, "hf": _hf_first,
+    }
+    first: dict[str, dict[str, float]] = {}
+    for name, path in paths.items():
+        mode = "docs" if name == "hf" else "windows"
+        ours = run(_zerobatch_first(path, mode))
+        first[name] = ours
+        print(f"{name:<10} {'zerobatch Loader, cold':<34} {ours['s']:>9.4f} "
+              f"{ours['rss'] / 2**20:>14.1f}", flush=True)
+        print(f"{name:<10} {'zerobatch Loader, warm':<34} {ours['warm']:>9.4f} "
+              f"{ours['warm_rss'] / 2**20:>14.1f}", flush=True)
+        if name in peers:
+            theirs = run(peers[name](path))
+            label = {"megatron": "GPTDataset (builds its indices)", "datatrove":
+                     "DatatroveFolderDataset+DataLoader", "litdata": "StreamingDataset",
+                     "hf": "load_from_disk + rows"}[name]
+            print(f"{name:<10} {label:<34} {theirs['s']:>9.4f} {theirs['rss'] / 2**20:>14.1f}"
+                  f"   / zerobatch: cold {theirs['s'] / ours['s']:.2f}x, warm "
+                  f"{theirs['s'] / ours['warm']:.1f}x", flush=True)
+    if args.megatron_only:
+        return
+    print(f"\nshuffled tokens/s ({args.seconds:g} s each; HF: documents)")
+    print(f"{'format':<10} {'peer loader':>14} {'zerobatch':>14} {'x peer':>8} {'/ native':>9}")
+    native = run(_zerobatch_rate(paths["native"], "windows", args.seconds))["tokens_s"]
+    native_docs = run(_zerobatch_rate(paths["native"], "docs", args.seconds))["tokens_s"]
+    rates = {
+        "megatron": lambda p: _megatron_rate(p, tempfile.mkdtemp(prefix="zb-mcache-"),
+                                             args.seconds),
+        "datatrove": lambda p: _datatrove_rate(p, args.seconds),
+        "litdata": lambda p: _litdata_rate(p, args.seconds),
+        "hf": lambda p: _hf_rate(p, args.seconds),
+    }
+    for name, make in rates.items():
+        mode = "docs" if name == "hf" else "windows"
+        ours = run(_zerobatch_rate(paths[name], mode, args.seconds))["tokens_s"]
+        theirs = run(make(paths[name]))["tokens_s"]
+        base = native_docs if mode == "docs" else native
+        print(f"{name:<10} {theirs:>14,.0f} {ours:>14,.0f} {ours / theirs:>8.1f} "
+              f"{ours / base:>9.2f}", flush=True)
+    print(f"{'native':<10} {'':>14} {native:>14,.0f} (documents: {native_docs:,.0f})")
+
+
+if __name__ == "__main__":
+    main()
