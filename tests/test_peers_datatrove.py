@@ -147,3 +147,20 @@ def test_from_s3(folders, s3):
         assert remote.format == "datatrove" and remote.fields == ("loss_mask",)
         check_same(local, remote)
         assert remote.verify() == []
+
+
+def test_cli_inspect_and_verify(folders, tmp_path, capsys):
+    import shutil
+
+    from zerobatch.cli import main
+
+    assert main(["inspect", str(folders[2])]) == 0
+    out = capsys.readouterr().out
+    assert "datatrove" in out and "loss_mask" in out
+    assert main(["verify", str(folders[2])]) == 0
+    folder = tmp_path / "v"
+    shutil.copytree(folders[2], folder)
+    loss = sorted(folder.glob("*.ds.loss"))[0]
+    loss.write_bytes(b"\x07" * loss.stat().st_size)
+    assert main(["verify", str(folder)]) == 1
+    assert "loss_mask" in capsys.readouterr().out

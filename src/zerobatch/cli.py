@@ -27,9 +27,12 @@ def _inspect(location: str) -> str:
     """A table describing ``location``: a ``.batch`` file, a batch shard folder,
     a token-stream dataset or a tensor file (detected from its bytes). Object
     store URLs are read with the cloud's environment variables."""
-    from zerobatch import llmbatch, stream
+    from zerobatch import llmbatch, peers, stream
     from zerobatch.storage import is_url
 
+    if (is_url(location) or not stream.is_dataset(location)) and peers.detect_path(location):
+        with peers.open_peer(location) as dataset:  # Megatron, datatrove, LitData, HF files
+            return dataset.describe()
     if is_url(location):
         return _inspect_url(location)
     path = Path(location)
@@ -180,9 +183,15 @@ def _run(args: argparse.Namespace) -> int:
             plot(distributions(args.path), args.plot, title=str(args.path))
             print(f"wrote {args.plot}")
     elif args.command == "verify":
-        from zerobatch import stream
+        from zerobatch import peers, stream
+        from zerobatch.storage import is_url
 
-        problems = stream.verify(args.path)
+        if (is_url(args.path) or not stream.is_dataset(args.path)) \
+                and peers.detect_path(args.path):
+            with peers.open_peer(args.path) as dataset:  # peer files: their own checks
+                problems = dataset.verify()
+        else:
+            problems = stream.verify(args.path)
         print(stream.format_problems(args.path, problems))
         return 1 if problems else 0
     elif args.command == "bench":

@@ -23,7 +23,7 @@ from zerobatch.peers.litdata import LitDataFiles
 from zerobatch.peers.megatron import MegatronFiles
 from zerobatch.stream.reader import Dataset, register_peer_formats
 
-__all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "open_peer"]
+__all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "detect_path", "open_peer"]
 
 FORMATS: dict[str, type[PeerFiles]] = {
     "megatron": MegatronFiles,
@@ -44,6 +44,17 @@ def detect(location: Location) -> str | None:
         if found(location):
             return name
     return None
+
+
+def detect_path(path: str | os.PathLike[str],
+                storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """The name of the peer format at ``path`` (a folder, file, prefix or URL;
+    one LIST for a URL), or None."""
+    location = locate(path, dict(storage_options or {}))
+    try:
+        return detect(location)
+    finally:
+        location.storage.close()
 
 
 def open_peer(
@@ -74,11 +85,7 @@ class _Formats:
 
     def detect_path(self, path: str | os.PathLike[str],
                     storage_options: Mapping[str, Any] | None) -> str | None:
-        location = locate(path, dict(storage_options or {}))
-        try:
-            return detect(location)
-        finally:
-            location.storage.close()
+        return detect_path(path, storage_options)
 
     def open(self, path: str | os.PathLike[str], format: str,
              storage_options: Mapping[str, Any] | None, options: dict[str, Any]) -> Dataset:

@@ -240,6 +240,9 @@ class PeerDataset(Dataset):
             field.close()
         super().close()
 
+    def __enter__(self) -> PeerDataset:
+        return self
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return _reopen, (type(self._files), self._files.location, self._files.options)
 
