@@ -31,3 +31,9 @@ def test_readme_shows_the_two_commands() -> None:
     text = README.read_text()
     assert "make demo" in text and "make test" in text
     assert "docs/FORMAT.md" in text and "BENCHMARKS.md" in text
+    assert "docs/ARCHITECTURE.md" in text and "make docs" in text
+
+
+def test_readme_tour_leads_with_the_loader() -> None:
+    tour = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)[0]
+    assert tour.index("zerobatch.Loader(") < tour.index("BatchNativeLoader(")

@@ -138,7 +138,7 @@ def _build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--format", choices=("stream", "batch"), default="stream")
     convert.add_argument("--seq-len", type=int, help="record length for --format batch")
     convert.add_argument("--batch-size", type=int, help="batch size for --format batch")
-    convert.add_argument("--seed", type=int, default=0, help="shuffle seed for --format batch")
+    convert.add_argument("--seed", type=int, default=0, help="write seed for --format batch")
     convert.add_argument("--workers", type=int, help="worker processes (default: all cores)")
     convert.add_argument("--executor", help="dask://HOST:PORT: run tasks on a Dask cluster")
     convert.add_argument("--skip-bad", action="store_true",

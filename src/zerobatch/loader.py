@@ -143,7 +143,7 @@ class Loader:
     Args:
         source: a :class:`Source` (``__len__`` and ``read(indices) -> Batch``).
         batch_size: observations per batch on this rank.
-        seed: seeds every epoch's order together with the epoch (any int).
+        seed: the shuffle seed: with the epoch, it orders every epoch (any int).
         shuffle: a global shuffle (Feistel, or blocks with ``block_size``);
             default True, except for an ordered source (a ``Mixture``), which
             is read in its own order (shuffle=True then raises ValueError).

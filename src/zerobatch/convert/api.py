@@ -237,7 +237,7 @@ def convert(
             ``zerobatch.convert.inputs``).
         output: the dataset folder or prefix URL (``format="stream"``) or a
             local ``.batch`` file (``format="batch"``, LLMBATCH with
-            ``seq_len``, ``batch_size`` and ``seed``). Must not exist yet.
+            ``seq_len``, ``batch_size`` and ``seed``, the write seed). Must not exist yet.
         tokenizer: ``"bytes"`` (ids 0..255, EOS 256), a ``tokenizers`` JSON
             file, a folder holding ``tokenizer.json``, or a
             ``tokenizers.Tokenizer``. Its name, vocabulary size and EOS id go

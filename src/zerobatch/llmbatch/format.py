@@ -12,7 +12,7 @@ zeros up to the next multiple of ``PAGE``::
     16      4     <u4   seq_len        tokens per record, >= 1
     20      8     <u8   num_batches    slots in the file, >= 1
     28      4     <u4   dtype          0 = uint32 tokens, 1 = uint16 tokens
-    32      4     <u4   seed           the write-time shuffle seed
+    32      4     <u4   seed           the write seed (records' write-time shuffle)
     36      4     <u4   total_records  records given to the writer
     40      4056  zeros reserved
 

@@ -178,7 +178,8 @@ class BatchFileReader:
     ``close()`` is idempotent, and reads after it raise ``ValueError``.
 
     Attributes (from the header): ``num_batches``, ``batch_size``, ``seq_len``
-    (tokens), ``dtype`` (stored token dtype), ``seed``, ``total_records``.
+    (tokens), ``dtype`` (stored token dtype), ``seed`` (the write seed),
+    ``total_records``.
     """
 
     def __init__(self, path: str | os.PathLike[str], *,

@@ -1,9 +1,10 @@
 """Write LLMBATCH files (see :mod:`zerobatch.llmbatch.format` for the bytes).
 
 Both writers shuffle records globally at write time with one rule: record ``i``
-goes to slot ``Feistel(total_records, seed)(i)``; slot ``s`` is row ``s %
-batch_size`` of batch ``s // batch_size``, and records whose slot falls past the
-last whole batch are dropped. So the same records and seed give the same file
+goes to slot ``Feistel(total_records, seed)(i)`` (``seed`` is the *write* seed,
+stored in the header; a loader's *shuffle* seed only orders the batches); slot
+``s`` is row ``s % batch_size`` of batch ``s // batch_size``, and records whose
+slot falls past the last whole batch are dropped. So the same records and seed give the same file
 whichever writer made it, and neither needs the dataset in memory: the
 streaming writer puts each record straight into its slot with a positioned
 write, so its memory is O(chunk), not O(dataset).
@@ -49,10 +50,10 @@ def write_batch_file(
 ) -> int:
     """Write ``tokens_array`` (``[records, seq_len]`` integers) as one ``.batch`` file.
 
-    Records are shuffled with ``seed`` and grouped into batches of ``batch_size``;
-    the remainder is dropped. ``dtype`` is ``"uint32"`` (the original format) or
-    ``"uint16"`` (half the bytes; every token must be < 65,536). Returns the
-    number of batches written.
+    Records are shuffled with ``seed`` (the write seed, stored in the header) and
+    grouped into batches of ``batch_size``; the remainder is dropped. ``dtype``
+    is ``"uint32"`` (the original format) or ``"uint16"`` (half the bytes; every
+    token must be < 65,536). Returns the number of batches written.
     """
     tokens = np.asarray(tokens_array)
     if tokens.ndim != 2 or tokens.shape[1] != seq_len:
