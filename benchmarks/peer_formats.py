@@ -9,7 +9,8 @@ written by each peer's own writer: Megatron (megatron-core's
 
 1. **First batch**: wall time from opening the files to the first shuffled
    batch (imports excluded, printed apart), and the peak RSS the process
-   added over that span (``VmHWM`` after minus ``VmRSS`` before). zerobatch:
+   added over that span (``VmHWM`` after minus ``VmRSS`` before, the peak reset
+   through ``/proc/self/clear_refs`` first). zerobatch:
    ``open_dataset`` + ``Loader`` over ``windows(2048)`` + ``next``. Megatron:
    ``IndexedDataset`` + ``GPTDataset`` (building its document, sample and
    shuffle indices, in a fresh cache folder) + a ``DataLoader`` batch.
@@ -139,6 +140,7 @@ def _zerobatch_first(path: Path, fmt: str) -> str:
 import zerobatch
 from zerobatch import Loader, open_dataset
 def first():
+    open("/proc/self/clear_refs", "w").write("5")  # VmHWM restarts from VmRSS
     before = rss("VmRSS"); t = time.perf_counter()
     ds = open_dataset({str(path)!r})
     source = ds.windows({SEQ}) if {fmt!r} != "docs" else ds.documents()
