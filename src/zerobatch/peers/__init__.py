@@ -21,6 +21,7 @@ from zerobatch.peers.datatrove import DatatroveFiles
 from zerobatch.peers.hf import HFFiles
 from zerobatch.peers.litdata import LitDataFiles
 from zerobatch.peers.megatron import MegatronFiles
+from zerobatch.peers.olmo import OlmoFiles
 from zerobatch.stream.reader import Dataset, register_peer_formats
 
 __all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "detect_path", "open_peer"]
@@ -30,8 +31,10 @@ FORMATS: dict[str, type[PeerFiles]] = {
     "datatrove": DatatroveFiles,
     "hf": HFFiles,
     "litdata": LitDataFiles,
+    "olmo": OlmoFiles,
 }
-"""Every peer format by name, in the order ``detect`` tries them."""
+"""Every peer format by name. ``detect`` tries all but OLMo's, whose raw
+``.npy`` files only ``format="olmo"`` (with its ``dtype=``) opens."""
 
 
 _DETECT: dict[str, Any] = {"megatron": megatron.detect, "datatrove": datatrove.detect,
