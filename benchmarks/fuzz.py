@@ -536,7 +536,7 @@ def _reseal(folder: Path, files: Files) -> None:
                 data = files.get(f"{shard['name']}.{suffix}")
                 if data is not None and isinstance(entry, dict):
                     entry["xxh3_64"] = xxhash.xxh3_64_hexdigest(data)
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return
     (folder / "manifest.json").write_bytes(json.dumps(manifest).encode())
     files["manifest.json"] = (folder / "manifest.json").read_bytes()
@@ -610,6 +610,8 @@ def _read_cli(folder: Path, files: Files) -> None:
                 argv[i] = "0.05"
     for name in ("out", ".out.convert", "cwd"):  # what the previous input wrote
         shutil.rmtree(folder / name, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (folder / name).unlink()  # a .batch file
     (folder / "cwd").mkdir()
     err, out = io.StringIO(), io.StringIO()
     here = os.getcwd()
@@ -622,7 +624,8 @@ def _read_cli(folder: Path, files: Files) -> None:
                 status = exit_.code if isinstance(exit_.code, int) else 1
     finally:
         os.chdir(here)
-    lines = err.getvalue().strip().splitlines()
+    lines = [line for line in err.getvalue().strip().splitlines()
+             if not line.startswith("convert: ")]  # convert's progress bar, without --quiet
     if "Traceback" in err.getvalue():
         raise CliEscape(f"status {status}, a traceback: {lines[-1] if lines else ''}")
     if status == 0:

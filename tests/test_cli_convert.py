@@ -105,6 +105,21 @@ def test_hostile_inputs_exit_with_one_line(
     assert not (tmp_path / "out" / "manifest.json").exists()
 
 
+def test_an_output_that_is_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the fuzzer: a stream output that is a file (a .batch written
+    there) failed only after tokenizing, with a bare "[Errno 17] File exists"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.jsonl").write_text('{"text": "a"}\n')
+    (tmp_path / "out").write_bytes(b"not a folder")
+    assert main(["convert", "in.jsonl", "-o", "out", "--tokenizer", "bytes", "--quiet"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["zerobatch convert: out is a file; a dataset is a folder: choose another "
+                     "output or remove it"]
+    assert not (tmp_path / ".out.convert").exists()
+
+
 def test_a_bad_input_line_in_a_real_process(tmp_path: Path) -> None:
     (tmp_path / "in.jsonl").write_text('{"text": "a"}\n{"text": \n')
     done = subprocess.run([sys.executable, "-m", "zerobatch.cli", "convert", "in.jsonl", "-o",

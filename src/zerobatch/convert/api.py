@@ -283,6 +283,9 @@ def convert(
                          "(a URL output needs format='stream')")
     if _has_manifest(out, options) or (format == "batch" and Path(out).exists()):
         raise FileExistsError(f"{out} already exists; choose another output or remove it")
+    if format == "stream" and isinstance(out, Path) and out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file; a dataset is a folder: choose another "
+                              "output or remove it")
     work = work_folder(out)
     work.mkdir(parents=True, exist_ok=True)
     files = expand_inputs(inputs, options)
