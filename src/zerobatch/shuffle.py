@@ -184,6 +184,17 @@ def _permute_range_holding(
     _permute_range(start, step, out, keys, half, n)
 
 
+@njit(cache=True)
+def _permute_array_holding(
+    indices: np.ndarray, out: np.ndarray, keys: np.ndarray, half: int, n: np.uint64,
+    inverse: bool,
+) -> int:
+    """:func:`_permute_array` keeping the GIL, for arrays shorter than
+    ``_NOGIL_FROM`` (a mixture permutes a few indices of each of many sources
+    a step: releasing and taking back the GIL for each would cost more)."""
+    return _permute_array(indices, out, keys, half, n, inverse)
+
+
 def _check_length(n: object, name: str = "n") -> int:
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(n).__name__}")
@@ -315,7 +326,8 @@ class Feistel:
             if not 0 <= value < self._n:
                 raise IndexError(f"index {value} is out of range for a permutation of {self._n}")
             single = np.array([value], dtype=np.int64)
-            _permute_array(single, single, self._keys, self._half, self._limit, inverse)
+            _permute_array_holding(single, single, self._keys, self._half, self._limit,
+                                   inverse)
             return int(single[0])
         array = np.asarray(index)
         if array.dtype.kind not in "iu":
@@ -329,7 +341,8 @@ class Feistel:
             if out.dtype != np.int64 or out.size != flat.size or not out.flags.c_contiguous:
                 raise ValueError("out must be a C-contiguous int64 array of the indices' size")
             result = out.reshape(-1)
-        bad = _permute_array(flat, result, self._keys, self._half, self._limit, inverse)
+        permute = _permute_array if flat.shape[0] >= _NOGIL_FROM else _permute_array_holding
+        bad = permute(flat, result, self._keys, self._half, self._limit, inverse)
         if bad >= 0:
             raise IndexError(
                 f"index {int(flat[bad])} (at position {bad}) is out of range "

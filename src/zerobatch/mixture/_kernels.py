@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from zerobatch.shuffle import _mix
+
 __all__ = ["PERIOD", "ROTATION", "block_counts", "block_layout", "extras_before"]
 
 PERIOD = 1 << 30
@@ -78,22 +80,31 @@ def extras_before(block: int, bounds: np.ndarray, offset: int, out: np.ndarray) 
             out[s] += _down_sum(hi - 1 - offset, rest) - _down_sum(lo - 1 - offset, rest)
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
 @njit(nogil=True, cache=True)
-def block_layout(permuted: np.ndarray, counts: np.ndarray, sources: np.ndarray,
-                 ordinals: np.ndarray, owner: np.ndarray) -> None:
-    """A block's source and ordinal per position: slot ``u`` belongs to the
-    source whose range of ``counts`` (laid end to end in source order) holds
-    it; position ``i`` takes slot ``permuted[i]``; its ordinal counts the
-    earlier positions of the block that went to the same source. ``owner`` is
-    scratch of the block's length."""
+def block_layout(counts: np.ndarray, seed: np.uint64, sources: np.ndarray,
+                 ordinals: np.ndarray) -> None:
+    """A block's source and ordinal per position. Source ``s``'s ``k``-th slot
+    gets the key ``(k + u) / counts[s]``, ``u`` uniform in [0, 1) from ``seed``
+    and the slot's number (SplitMix64); the positions take the slots in key
+    order (ties: slot number). A slot's ordinal is ``k``: keys rise with ``k``."""
+    total = sources.shape[0]
+    keys = np.empty(total, dtype=np.float64)
+    owner = np.empty(total, dtype=np.int64)
+    rank = np.empty(total, dtype=np.int64)
     at = 0
     for s in range(counts.shape[0]):
-        for _ in range(counts[s]):
+        c = counts[s]
+        for j in range(c):
+            u = np.float64(_mix(seed + np.uint64(at + 1) * _GOLDEN) >> np.uint64(11)) \
+                * 1.1102230246251565e-16  # 2**-53
+            keys[at] = (j + u) / c
             owner[at] = s
+            rank[at] = j
             at += 1
-    seen = np.zeros(counts.shape[0], dtype=np.int64)
-    for i in range(permuted.shape[0]):
-        s = owner[permuted[i]]
-        sources[i] = s
-        ordinals[i] = seen[s]
-        seen[s] += 1
+    order = np.argsort(keys, kind="mergesort")
+    for i in range(total):
+        sources[i] = owner[order[i]]
+        ordinals[i] = rank[order[i]]

@@ -193,6 +193,8 @@ class Mixture:
                              "rule); a mixture never loops forever")
         self._length = min(x for x in (self._requested_length, stop) if x is not None)
         self._objects = [sources.get(name) for name in names]
+        self._checked: set[int] = set()  # sources whose columns matched the reference's
+        self._reference: tuple[str, Batch] | None = None  # the first batch read: name, batch
         seq_lens = {getattr(s, "seq_len", None) for s in sources.values()}
         self._seq_len = seq_lens.pop() if len(seq_lens) == 1 else None
         canonical = _canonical(self.state_dict())
@@ -300,7 +302,14 @@ class Mixture:
         names = [self.names[s] for s in present.tolist()]
         if not batches:  # no rows: the first source's columns, empty
             name, source = next(iter(self._sources.items()))
-            batches, names = [source.read(np.empty(0, dtype=np.int64))], [name]
+            present, names = np.array([self.names.index(name)]), [name]
+            batches = [source.read(np.empty(0, dtype=np.int64))]
+        for s, name, batch in zip(present.tolist(), names, batches, strict=True):
+            if s not in self._checked:  # a source's layout is checked on its first read
+                if self._reference is None:  # no rows: keep the schema, not the data
+                    self._reference = (name, batch.select(slice(0, 0)))
+                _check_layout(self._reference, name, batch)
+                self._checked.add(s)
         columns = _assemble(batches, names, by_source, bounds, count)
         columns[SOURCE_COLUMN] = sources.astype(np.int32)
         return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(count)))
@@ -529,22 +538,26 @@ def _check_columns(sources: Mapping[str, Any]) -> None:
                                  "sources must give the same columns")
 
 
+def _check_layout(reference: tuple[str, Batch], name: str, batch: Batch) -> None:
+    """ValueError unless ``batch`` has the fields and layouts of ``reference``'s."""
+    first_name, first = reference
+    if batch.fields != first.fields or any(
+            not batch.meta.field_schema[f].same_layout(first.meta.field_schema[f])
+            for f in first.fields):
+        raise ValueError(
+            f"sources: {first_name!r} and {name!r} give columns that cannot mix: "
+            f"{[(f, str(first.meta.field_schema[f])) for f in first.fields]} against "
+            f"{[(f, str(batch.meta.field_schema[f])) for f in batch.fields]}")
+    if SOURCE_COLUMN in batch.fields:
+        raise ValueError(f"sources: {name!r} has a column named {SOURCE_COLUMN!r}, which "
+                         "the mixture adds; rename it")
+
+
 def _assemble(batches: list[Batch], names: list[str], by_source: npt.NDArray[np.int64],
               bounds: list[int], count: int) -> dict[str, Any]:
     """The columns of ``batches`` (one per source, rows grouped by source as
     ``by_source`` orders them) in position order."""
     first = batches[0]
-    for name, batch in zip(names[1:], batches[1:], strict=True):
-        if batch.fields != first.fields or any(
-                not batch.meta.field_schema[f].same_layout(first.meta.field_schema[f])
-                for f in first.fields):
-            raise ValueError(
-                f"sources: {names[0]!r} and {name!r} give columns that cannot mix: "
-                f"{[(f, str(first.meta.field_schema[f])) for f in first.fields]} against "
-                f"{[(f, str(batch.meta.field_schema[f])) for f in batch.fields]}")
-    if SOURCE_COLUMN in first.fields:
-        raise ValueError(f"sources: {names[0]!r} has a column named {SOURCE_COLUMN!r}, which "
-                         "the mixture adds; rename it")
     if len(batches) == 1:  # one source: its rows are already in position order
         return first.to_numpy()
     inverse: npt.NDArray[np.int64] | None = None

@@ -27,11 +27,16 @@ and the slots it has after ``k`` blocks (a floor sum, O(log K)) are within a
 few of ``k * B * p_s`` at every block boundary. Weights are floats, used
 exactly (integer arithmetic on their binary fractions, no rounding).
 
-**Inside a block.** The block's slots are laid out source after source and
-placed by a keyed Feistel permutation of ``[0, B)`` (:class:`~zerobatch.shuffle.Feistel`,
-seeded by the stage and the block): position ``i`` of the block takes slot
-``perm(i)``. A position's *ordinal* counts the earlier positions of its block
-that went to the same source.
+**Inside a block.** A keyed, stratified permutation places the block's
+slots: source ``s``'s ``k``-th slot of the block gets the key ``(k + u) /
+c_s`` with ``u`` uniform in [0, 1) from (seed, stage, block, slot), and the
+block's positions take the slots in key order. Every run of consecutive
+positions, not only the whole block, then holds each source within about one
+row of its share (a uniform permutation would deviate by about the square
+root of its count: 16 rows in a batch of 512 that is half a block), while
+the layout still differs randomly from block to block and no source lines up
+with a rank's stride. A position's *ordinal* counts the earlier positions of
+its block that went to the same source.
 
 **Each source's own order.** Source ``s``'s ``j``-th slot, counted over all
 stages and blocks in position order, reads observation ``j`` of its own
@@ -148,11 +153,10 @@ class _StageOrder:
         if found is not None:
             return found
         size = self.block_size
-        permuted = Feistel(size, epoch_seed(self.key, block)).range(0, size)
         sources = np.empty(size, dtype=np.int64)
         ordinals = np.empty(size, dtype=np.int64)
-        k.block_layout(permuted, self.counts(block), sources, ordinals,
-                       np.empty(size, dtype=np.int64))
+        k.block_layout(self.counts(block), np.uint64(epoch_seed(self.key, block)), sources,
+                       ordinals)
         found = Block(sources, ordinals, self.before(block))
         if len(self._blocks) >= 8:  # a few recent blocks; dict ops are atomic under the GIL
             self._blocks.clear()

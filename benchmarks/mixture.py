@@ -1,0 +1,222 @@
+"""Weighted mixtures: start-up, throughput and per-batch proportions against the peers.
+
+1. Start-up: time and peak memory from nothing to the first batch, for
+   ``10**7`` and ``10**9`` samples over 100 and 2,000 sources: zerobatch's
+   ``Mixture`` + ``Loader`` (first batch of 512) against megatron-core's
+   ``BlendedDataset`` index build (``helpers.build_blending_indices``, the
+   10-byte-per-sample arrays it fills on rank 0 before training). Each case
+   runs in a fresh process; peak memory is tracemalloc's peak (NumPy's
+   buffers included) after the imports.
+2. Throughput: a Loader over a mixture of 100 token-stream datasets against a
+   Loader over one dataset holding the same tokens (windows of 2,048 tokens,
+   batch 64, same threads), tokens/s and the ratio.
+3. Proportion error: per batch of 512, the largest ``|count / 512 - weight|``
+   over sources and batches, zerobatch against torchdata's
+   ``MultiNodeWeightedSampler`` (random draws) at the same weights.
+
+Run: ``python benchmarks/mixture.py [--megatron-max 100000000] [--quick]``.
+Megatron's build is O(samples * sources) in time and 10 bytes a sample in
+memory; cases with samples * sources above ``--megatron-max`` are extrapolated
+linearly from the largest measured one (printed as such).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+_STARTUP_ZEROBATCH = """
+import json, sys, time, tracemalloc
+import numpy as np
+from zerobatch import Batch, Loader, Mixture
+
+class Source:
+    '''A source of n observations that holds no data (what is measured is the mixture).'''
+    def __init__(self, n):
+        self.n = n
+    def __len__(self):
+        return self.n
+    def read(self, indices):
+        return Batch.from_columns({"x": np.asarray(indices)})
+
+size, count = int(sys.argv[1]), int(sys.argv[2])
+rng = np.random.default_rng(0)
+weights = rng.random(count) + 0.01
+begin = time.perf_counter()  # the kernels load from Numba's cache once a process: apart
+next(iter(Loader(Mixture({"a": Source(10), "b": Source(10)}, {"a": 1.0, "b": 1.0}, length=64),
+                 8, output="numpy")))
+kernels = time.perf_counter() - begin
+tracemalloc.start()
+start = time.perf_counter()
+lengths = (size * weights / weights.sum()).astype(np.int64) + 1
+sources = {f"source-{i}": Source(int(n)) for i, n in enumerate(lengths)}
+mixture = Mixture(sources, {f"source-{i}": float(w) for i, w in enumerate(weights)},
+                  length=size, seed=1)
+batch = next(iter(Loader(mixture, 512, output="numpy", num_threads=1)))
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "peak": tracemalloc.get_traced_memory()[1],
+                  "rows": len(batch["x"]), "kernels": kernels}))
+"""
+
+_STARTUP_MEGATRON = """
+import json, sys, time, tracemalloc
+import numpy
+from megatron.core.datasets import helpers
+
+size, count = int(sys.argv[1]), int(sys.argv[2])
+rng = numpy.random.default_rng(0)
+weights = rng.random(count) + 0.01
+weights = weights / weights.sum()
+tracemalloc.start()
+start = time.perf_counter()
+# BlendedDataset._build_indices, the uncached path: rank 0 fills these before training
+dataset_index = numpy.zeros(size, dtype=numpy.int16)
+dataset_sample_index = numpy.zeros(size, dtype=numpy.int64)
+helpers.build_blending_indices(dataset_index, dataset_sample_index, weights, count, size, False)
+first = dataset_index[:512], dataset_sample_index[:512]
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "peak": tracemalloc.get_traced_memory()[1]}))
+"""
+
+
+def _run(code: str, *args: object) -> dict[str, float]:
+    out = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def startup(megatron_max: int, sizes: list[int], counts: list[int]) -> None:
+    print("## 1. start-up to the first batch (fresh process each)")
+    print(f"{'samples':>14} {'sources':>8} | {'zerobatch ms':>12} {'MB':>7} | "
+          f"{'megatron ms':>12} {'MB':>8} | {'time x':>8} | kernel load ms (once a process)")
+    measured: dict[int, tuple[int, float]] = {}  # sources -> (samples, seconds) largest run
+    for size in sizes:
+        for count in counts:
+            ours = _run(_STARTUP_ZEROBATCH, size, count)
+            if size * count <= megatron_max:
+                theirs = _run(_STARTUP_MEGATRON, size, count)
+                measured[count] = (size, theirs["seconds"])
+                note = ""
+            else:  # O(samples * sources) time, 10 bytes a sample
+                base_size, base_seconds = measured[count]
+                theirs = {"seconds": base_seconds * size / base_size, "peak": 10 * size}
+                note = " (extrapolated)"
+            print(f"{size:>14,} {count:>8,} | {ours['seconds'] * 1e3:>12.1f} "
+                  f"{ours['peak'] / 2**20:>7.2f} | {theirs['seconds'] * 1e3:>12.0f} "
+                  f"{theirs['peak'] / 2**20:>8.0f} | {theirs['seconds'] / ours['seconds']:>8.0f} | "
+                  f"{ours['kernels'] * 1e3:.0f}{note}")
+
+
+def _write(folder: Path, tokens: np.ndarray) -> None:
+    from zerobatch import StreamWriter
+
+    with StreamWriter(folder, shard_tokens=1 << 22) as writer:
+        for doc in np.split(tokens, np.arange(1000, tokens.shape[0], 1000)):
+            writer.add_document(doc)
+
+
+def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
+               repeats: int) -> None:
+    from zerobatch import Loader, Mixture, open_dataset
+
+    print(f"\n## 2. Loader throughput: one dataset vs a mixture of {sources} "
+          f"(windows of {seq_len}, batch {batch_size}, output='numpy')")
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 50_000, size=total_tokens, dtype=np.uint16)
+    with tempfile.TemporaryDirectory() as tmp:
+        _write(Path(tmp) / "one", tokens)
+        parts = np.array_split(tokens, sources)
+        for i, part in enumerate(parts):
+            _write(Path(tmp) / f"part{i}", part)
+        one = open_dataset(Path(tmp) / "one").windows(seq_len)
+        windows = {f"part{i}": open_dataset(Path(tmp) / f"part{i}").windows(seq_len)
+                   for i in range(sources)}
+        rows = sum(len(w) for w in windows.values())
+        mixture = Mixture(windows, {n: float(len(w)) for n, w in windows.items()}, length=rows,
+                          max_passes=1)
+        print(f"one source: {len(one):,} windows; mixture: {len(mixture):,} windows over "
+              f"{sources} sources")
+        for threads in (0, 1, 2):
+            best = {}
+            for name, source in (("one", one), ("mixture", mixture)):
+                times = []
+                for _ in range(repeats):
+                    loader = Loader(source, batch_size, num_threads=threads, output="numpy")
+                    start = time.perf_counter()
+                    steps = sum(1 for _ in loader)
+                    times.append((time.perf_counter() - start) / steps)
+                best[name] = min(times)
+            per_step = batch_size * seq_len
+            print(f"threads={threads}: one {per_step / best['one'] / 1e6:8.1f} M tokens/s, "
+                  f"mixture {per_step / best['mixture'] / 1e6:8.1f} M tokens/s, "
+                  f"ratio {best['one'] / best['mixture']:.3f}")
+
+
+def proportions(batches: int, batch_size: int, count: int) -> None:
+    from torchdata.nodes import IterableWrapper, MultiNodeWeightedSampler
+
+    from zerobatch import Batch, Mixture
+
+    print(f"\n## 3. proportion error per batch of {batch_size} ({count} sources, "
+          f"{batches} batches)")
+    rng = np.random.default_rng(3)
+    weights = rng.random(count) ** 3 + 0.002
+    weights /= weights.sum()
+    names = [f"s{i}" for i in range(count)]
+
+    class Source:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+        def read(self, indices: np.ndarray) -> Batch:
+            return Batch.from_columns({"x": np.asarray(indices)})
+
+    total = batches * batch_size
+    mixture = Mixture({n: Source(10**6) for n in names}, dict(zip(names, weights, strict=True)),
+                      length=total, seed=0)
+    ours = mixture.locate(np.arange(total))[0].reshape(batches, batch_size)
+    nodes = {n: IterableWrapper([i] * 10) for i, n in enumerate(names)}
+    sampler = MultiNodeWeightedSampler(nodes, dict(zip(names, weights.tolist(), strict=True)),
+                                       stop_criteria="CYCLE_FOREVER", seed=0)
+    theirs = np.fromiter((next(sampler) for _ in range(total)), dtype=np.int64, count=total)
+    theirs = theirs.reshape(batches, batch_size)
+    for name, drawn in (("zerobatch Mixture", ours), ("torchdata MultiNodeWeightedSampler",
+                                                      theirs)):
+        counts = np.stack([np.bincount(row, minlength=count) for row in drawn])
+        error = np.abs(counts / batch_size - weights).max()
+        whole = np.abs(counts.sum(0) / total - weights).max()
+        print(f"{name:>36}: max per-batch error {error:.5f} ({error * batch_size:.1f} rows); "
+              f"over all {total:,} rows {whole:.6f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--megatron-max", type=int, default=2 * 10**10,
+                        help="largest samples * sources Megatron's index is built for "
+                             "(above: extrapolated from the largest measured)")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    args = parser.parse_args()
+    print(f"nproc={os.cpu_count()} load={os.getloadavg()} date={time.strftime('%Y-%m-%d %H:%M')}")
+    if args.quick:
+        startup(10**8, [10**5, 10**6], [100])
+        throughput(2_000_000, 20, 512, 16, 1)
+        proportions(50, 512, 20)
+        return
+    startup(args.megatron_max, [10**7, 10**8, 10**9], [100, 2_000])
+    throughput(40_000_000, 100, 2048, 64, 3)
+    proportions(2_000, 512, 100)
+
+
+if __name__ == "__main__":
+    main()
