@@ -168,6 +168,7 @@ class Batch:
                 if jagged == "offsets":
                     result[name] = (values, offsets)
                 else:
+                    _quiet_fx_notice()
                     result[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
             else:
                 result[name] = tensor(column)
@@ -254,3 +255,32 @@ def _check_column(name: str, column: Column, field: FieldSchema, rows: int) -> N
         raise ValueError(f"field {name!r}: column {column!r:.80} does not match {field}")
     if len(column) != rows:
         raise ValueError(f"field {name!r}: {len(column)} samples, expected {rows}")
+
+
+def _quiet_fx_notice() -> None:
+    """Spend torch's one-time ``is_fx_tracing`` log line (printed on the first
+    nested tensor built, a notice about torch's own API) with the logger muted:
+    zerobatch's default path prints nothing."""
+    global _fx_notice_spent
+    if _fx_notice_spent:
+        return
+    _fx_notice_spent = True
+    import importlib
+    import logging
+
+    try:
+        module = importlib.import_module("torch.fx._symbolic_trace")
+    except ImportError:
+        return
+    notice = getattr(module, "is_fx_tracing_warning", None)
+    if notice is None:
+        return
+    log = logging.getLogger(module.__name__)
+    disabled, log.disabled = log.disabled, True
+    try:
+        notice()
+    finally:
+        log.disabled = disabled
+
+
+_fx_notice_spent = False
