@@ -77,6 +77,8 @@ def test_errors(windows: tuple[Any, np.ndarray, Path]) -> None:
         Loader(source, 8, output="jax")
     with pytest.raises(ValueError, match="drop_last=True"):
         Loader(source, 8, output=JaxOutput(sharding()), drop_last=False)
+    with pytest.raises(ValueError, match=r"3 dimensions.*have 2 \(rows x T / seq_len.*microbatch="):
+        Loader(source, 8, output=JaxOutput(sharding()))  # a 3-D spec: was a bare IndexError
     with pytest.raises(ValueError, match=r"microbatch \(3\)"):
         Loader(source, 8, output=JaxOutput(sharding(), microbatch=3))
     with pytest.raises(ValueError, match="Sharding"):

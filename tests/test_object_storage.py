@@ -235,3 +235,17 @@ def test_block_cache_checks_its_options_and_ranges(remote, s3):
         storage.blocks.read([("b.bin", 2990, 3010)])
     assert [len(b) for b in storage.blocks.read([("b.bin", 0, 0), ("b.bin", 63, 129)])] == [0, 66]
     assert storage.blocks._held == 0
+
+
+def test_plain_http_endpoint_without_allow_http_names_the_fix(s3, monkeypatch):
+    """Issue 26: obstore's bare 'builder error' becomes a message that says to allow http."""
+    from zerobatch.errors import StorageError
+    from zerobatch.storage import open_storage
+
+    monkeypatch.delenv("AWS_ALLOW_HTTP", raising=False)
+    options = s3.storage_options()
+    options["client_options"] = {k: v for k, v in options["client_options"].items()
+                                 if k != "allow_http"}
+    storage = open_storage(s3.url("http"), **options)
+    with pytest.raises(StorageError, match=r"plain http.*AWS_ALLOW_HTTP=true.*allow_http"):
+        storage.names()

@@ -68,6 +68,15 @@ def check_sharding(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...
     if spec is None or mesh is None:
         return
     names = _dim_names(len(global_shape))
+    if len(tuple(spec)) > len(global_shape):
+        layout = " x ".join(names)
+        hint = ("pass microbatch= (JaxOutput(sharding, microbatch=...)) to lay each step out "
+                "as (microbatch, rows // microbatch, seq_len), or " if len(global_shape) == 2
+                else "")
+        raise ValueError(f"the sharding's spec {spec} has {len(tuple(spec))} dimensions, each "
+                         f"step's arrays have {len(global_shape)} ({layout}, global shape "
+                         f"{tuple(global_shape)}): {hint}use a spec of {len(global_shape)} "
+                         "dimensions")
     sizes = dict(mesh.shape)
     for d, axes in enumerate(tuple(spec)[: len(global_shape)]):
         if axes is None:

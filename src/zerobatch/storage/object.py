@@ -153,6 +153,22 @@ def _has_credentials(options: dict[str, Any]) -> bool:
     return any(os.environ.get(name) for name in _CREDENTIAL_ENV)
 
 
+def _plain_http_endpoint(options: dict[str, Any]) -> str | None:
+    """The endpoint when it is ``http://`` and plain http was not allowed (by
+    ``client_options``, a config key or ``AWS_ALLOW_HTTP``), else None."""
+    config = {str(k).lower(): v for k, v in (options.get("config") or {}).items()}
+    config.update({str(k).lower(): v for k, v in options.items() if k != "config"})
+    endpoint = next((str(config[key]) for key in ("endpoint", "aws_endpoint", "endpoint_url",
+                                                   "aws_endpoint_url") if config.get(key)), None)
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("AWS_ENDPOINT")
+    if not endpoint or not endpoint.lower().startswith("http://"):
+        return None
+    client = {str(k).lower(): v for k, v in (options.get("client_options") or {}).items()}
+    allowed = client.get("allow_http", config.get("allow_http",
+                                                  os.environ.get("AWS_ALLOW_HTTP", "")))
+    return None if str(allowed).lower() in ("true", "1") else endpoint
+
+
 def _cause(error: BaseException) -> str:
     """The first line of an obstore error (its debug dump follows)."""
     text = str(error).strip()
@@ -257,6 +273,11 @@ class ObjectStorage:
         if isinstance(error, FileNotFoundError):
             return FileNotFoundError(errno.ENOENT, f"{url}: no such object", url)
         message = f"{url}: {what} failed after retries: {_cause(error)}"
+        endpoint = _plain_http_endpoint(self._options)
+        if endpoint is not None:
+            message += (f"; the endpoint {endpoint} is plain http, which obstore refuses unless "
+                        "allowed: set AWS_ALLOW_HTTP=true, or pass storage_options="
+                        "{'client_options': {'allow_http': True}}")
         if not self._credentials:
             names = " and ".join(CREDENTIAL_VARIABLES[self._scheme])
             message += (f"; no credentials are configured: set {names} (or pass them in "
