@@ -49,6 +49,7 @@ STATE_VERSION = 1
 """The version of :meth:`Position.state_dict`'s layout."""
 
 _MASK64 = (1 << 64) - 1
+_WALK_LIMIT = 1 << 20  # Plan.advance: steps a subclass with its own step rule walks at most
 _EPOCH_DOMAIN = 0x45504F4348534544  # "EPOCHSED": keeps epoch seeds apart from plain seeds
 
 
@@ -177,6 +178,13 @@ class Plan:
         """
         if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
             raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+        if type(self).after is not Plan.after:  # a subclass whose epochs differ: walk them
+            if steps > _WALK_LIMIT:
+                raise ValueError(f"cannot advance {type(self).__name__} by {steps} steps "
+                                 f"(at most {_WALK_LIMIT}, one at a time)")
+            for _ in range(int(steps)):
+                epoch, consumed = self.after(epoch, consumed)
+            return epoch, consumed
         left = self.steps(consumed)
         if left == 0:  # a position past the epoch's last step: the next epoch's start
             epoch, consumed, left = epoch + 1, 0, self.steps(0)
