@@ -176,7 +176,7 @@ class PeerIndex(MappedIndex):
         tables = []
         for i in range(len(self._manifest.shards)):
             table = np.ascontiguousarray(self._docs_of(i), OFFSET_DTYPE)
-            rising = table[1:] > table[:-1]
+            rising = table[1:] > table[:-1]  # formats whose kernel drops them pass all True
             if not rising.all():
                 table = np.concatenate([table[:1], table[1:][rising]])
             table.setflags(write=False)

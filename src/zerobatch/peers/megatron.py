@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from zerobatch.errors import FormatError
-from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
+from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
+from zerobatch.peers._kernels import BAD_INDICES, BAD_LENGTH, BAD_POINTER, megatron_offsets
 from zerobatch.stream.verify import Problem
 
 __all__ = ["DTYPE_CODES", "HEADER_SIZE", "MAGIC", "VERSION", "MegatronFiles", "detect"]
@@ -188,25 +189,18 @@ class MegatronFiles(PeerFiles):
         if self.storage.size(entry.boundary) != _expected_size(self._heads[shard]):
             return "sequences", "the file changed size since it was opened", None
         lengths, pointers, indices = self._tables(shard)
-        sequences = lengths.shape[0]
-        if (lengths < 0).any():
-            return "lengths", f"negative length at sequence {int(np.argmax(lengths < 0))}", None
-        if sequences:
-            ends = pointers + lengths.astype(np.int64) * itemsize
-            bad = pointers[1:] != ends[:-1]
-            if bad.any() or pointers[0] != 0:
-                at = 0 if pointers[0] != 0 else int(np.argmax(bad)) + 1
-                return "pointers", (f"sequence {at} does not start where the one before it "
-                                    "ends"), None
-        if ((indices < 0) | (indices > sequences)).any() or (indices[1:] < indices[:-1]).any():
-            return "document_indices", "document indices go backwards or past the sequences", None
-        starts = np.empty(sequences + 1, np.uint64)
-        starts[:-1] = pointers // itemsize
-        starts[-1] = entry.records
-        offsets = starts[indices]
-        message = checked_offsets(offsets, entry.records, path=self.path(entry.boundary),
-                                  field="document_indices")
-        return "document_indices", message, offsets if message is None else None
+        offsets, code, at = megatron_offsets(lengths, pointers, indices, itemsize,
+                                             entry.records)
+        if code == BAD_LENGTH:
+            return "lengths", f"negative length at sequence {at}", None
+        if code == BAD_POINTER:
+            return "pointers", (f"sequence {at} does not start where the one before it ends"
+                                if at < lengths.shape[0] else "the last sequence does not end "
+                                "the .bin file"), None
+        if code == BAD_INDICES:
+            return "document_indices", (f"document index {at} goes backwards or past the "
+                                        "sequences"), None
+        return "document_indices", None, offsets
 
     def docs(self, shard: int) -> np.ndarray:
         field, message, offsets = self._problem(shard)
