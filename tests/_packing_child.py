@@ -1,10 +1,14 @@
-"""The fine-tuning loop of test_packing's SIGKILL test, in a module of its own:
-the forkserver preloads it, and importing it runs the loop once over a tiny
-dataset, so each killed child starts with every kernel loaded."""
+"""The fine-tuning loop of test_packing's SIGKILL test, in a module of its own.
+
+A process that imports it runs the loop once over a tiny dataset (every
+kernel loaded), except a multiprocessing child unpickling its target: a
+forkserver that preloads this module hands each killed child warm kernels,
+and a child of another forkserver only imports it."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import tempfile
@@ -60,4 +64,5 @@ def _warm() -> None:
         train(folder, Path(tmp) / "log", Path(tmp) / "checkpoint.json", None)
 
 
-_warm()
+if not getattr(multiprocessing.current_process(), "_inheriting", False):
+    _warm()

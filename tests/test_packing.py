@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import random
 import signal
 from collections import Counter
@@ -321,7 +322,7 @@ def test_every_epoch_logged_with_its_losses(corpora, caplog):
     assert f"{d['dropped_tokens']} tokens dropped" in lines[1] and d["dropped_tokens"] > 0
 
 
-def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path):
+def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path, monkeypatch):
     folder = corpora["long"]
     reference = tmp_path / "reference"
     reference.mkdir()
@@ -329,7 +330,17 @@ def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     context = multiprocessing.get_context("forkserver")  # no fork beside other threads
-    context.set_forkserver_preload(["_packing_child"])  # warm: kernels loaded once
+    # A forkserver started here preloads the loop's module, warm (Python 3.11's
+    # forkserver imports its preloads on the PYTHONPATH it inherits, not sys.path).
+    here = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [here, *filter(None, [os.environ.get("PYTHONPATH")])]))
+    context.set_forkserver_preload(["zerobatch", "_packing_child"])
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)  # one another test started
+    if stop is not None:  # has other preloads: start ours (nothing else uses it now)
+        stop()
     rng = random.Random(0)
     kills = 0
     while not (run / "final.npy").exists():
