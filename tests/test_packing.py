@@ -437,3 +437,18 @@ def test_read_builds_what_from_columns_would(corpora, options):
             assert (mine.lengths == field.lengths).all()
     assert batch.meta.global_indexes.tolist() == ids.tolist()
     assert batch["input_ids"].dtype == np.dtype(dtype)
+
+
+def test_loader_dataset_workers_yield_the_loaders_steps(corpora):
+    import torch
+
+    from zerobatch.torch import LoaderDataset
+
+    packed = open_dataset(corpora["long"]).documents().packed(48, window=24,
+                                                              loss_mask="loss_mask")
+    want = [b["doc_ids"][0].tolist() for b in Loader(packed, 3, seed=1, output="torch",
+                                                      num_threads=0)]
+    dataset = LoaderDataset(Loader(packed, 3, seed=1, output="torch", num_threads=0))
+    got = [b["doc_ids"][0].tolist() for b in
+           torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)]
+    assert got == want and len(got) == len(dataset)
