@@ -3,6 +3,7 @@ and documents the peer's own reader returns."""
 
 from __future__ import annotations
 
+import json
 import pickle
 
 import numpy as np
@@ -43,12 +44,27 @@ def check_against(ds, tokens: np.ndarray, documents: list[np.ndarray], *, seq_le
 
 
 def check_each_once(ds, *, seq_len: int = 5, batch_size: int = 6) -> None:
-    """The Loader over ``ds``'s windows yields each window exactly once an epoch."""
+    """The Loader over ``ds``'s windows yields each window exactly once an epoch,
+    also when its state is saved after three steps and loaded (JSON) by a new
+    Loader with another world size (two ranks)."""
     windows = ds.windows(seq_len)
     loader = Loader(windows, batch_size, seed=3, output="batch", epochs=1, drop_last=False)
     seen = np.concatenate([np.asarray(b.meta.global_indexes)[~np.asarray(b["padding"])]
                            for b in loader])
     assert np.array_equal(np.sort(seen), np.arange(len(windows)))
+    first = Loader(windows, batch_size, seed=3, output="batch", epochs=1, drop_last=False)
+    steps = iter(first)
+    head = [np.asarray(next(steps).meta.global_indexes) for _ in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))
+    rest = []
+    for rank in range(2):
+        again = Loader(pickle.loads(pickle.dumps(ds)).windows(seq_len), batch_size // 2,
+                       seed=3, rank=rank, world_size=2, output="batch", epochs=1,
+                       drop_last=False)
+        again.load_state_dict(state)
+        rest += [np.asarray(b.meta.global_indexes)[~np.asarray(b["padding"])] for b in again]
+    got = np.concatenate(head + rest)
+    assert np.array_equal(np.sort(got), np.arange(len(windows)))
 
 
 def upload(folder, s3, names=None) -> str:

@@ -9,9 +9,12 @@ import pytest
 from _peers import check_against, check_each_once, check_same, upload
 from datatrove.pipeline.tokens.tokenizer import TokenizedFile
 from datatrove.utils.dataset import DatatroveFileDataset, DatatroveFolderDataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from zerobatch import FormatError, open_dataset
 from zerobatch.peers import PeerDataset
+from zerobatch.peers.datatrove import TOKEN_DTYPES
 
 
 def _write(folder, name, rng, documents, token_size, *, loss=True, metadata=True):
@@ -164,3 +167,30 @@ def test_cli_inspect_and_verify(folders, tmp_path, capsys):
     loss.write_bytes(b"\x07" * loss.stat().st_size)
     assert main(["verify", str(folder)]) == 1
     assert "loss_mask" in capsys.readouterr().out
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=8), min_size=1,
+                        max_size=3),
+       size=st.sampled_from([2, 4]), seq_len=st.integers(1, 9), stride=st.integers(1, 9))
+def test_any_documents_read_as_written(tmp_path_factory, lengths, size, seq_len, stride):
+    """Property: for any documents (empty ones too) in any number of files,
+    windows and documents are the tokens datatrove wrote."""
+    folder = tmp_path_factory.mktemp("prop")
+    rng = np.random.default_rng(len(lengths))
+    documents = []
+    for i, file_lengths in enumerate(lengths):
+        file = TokenizedFile(str(folder), f"{i}.ds", token_size=size)
+        for n in file_lengths:
+            tokens = rng.integers(0, 60_000, n)
+            file.write(tokens.tolist(), None)
+            documents.append(tokens.astype(TOKEN_DTYPES[size]))
+        file.close()
+    tokens = np.concatenate(documents)
+    with open_dataset(folder, format="datatrove", token_size=size) as ds:
+        if tokens.shape[0] >= seq_len + 1:
+            check_against(ds, tokens, documents, seq_len=seq_len, stride=stride)
+        else:
+            assert len(ds.windows(seq_len)) == 0
+        assert ds.num_documents == sum(1 for d in documents if len(d))
