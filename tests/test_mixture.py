@@ -331,6 +331,10 @@ def test_windows_and_documents_do_not_mix(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"seq_len=8.*16"):
         Mixture({"a": ds.windows(8), "b": ds.windows(16)}, {"a": 1.0, "b": 1.0}, length=10)
 
+    packed = ds.documents().packed(16)
+    with pytest.raises(ValueError, match="sources\\['p'\\] is PackedRows"):
+        Mixture({"p": packed, "w": ds.windows(16)}, {"p": 1.0, "w": 1.0}, length=10)
+
     class Other(Tagged):
         def read(self, indices: Any) -> Batch:
             return Batch.from_columns({"tag": np.zeros(len(indices), np.float32)})

@@ -49,6 +49,12 @@ def _inspect(location: str) -> str:
     )
 
 
+def _mixture_file(location: str) -> bool:
+    from zerobatch.mixture.spec import is_mixture_file
+
+    return is_mixture_file(location)
+
+
 @contextmanager
 def _executor(spec: str | None) -> Iterator[cf.Executor | None]:
     """None (the default process pool), or a Dask cluster's executor for
@@ -150,7 +156,14 @@ def _build_parser() -> argparse.ArgumentParser:
                        "zerobatch inspect data --plot data.png")
     inspect.add_argument("path", help="a file, folder, or s3:// gs:// az:// URL")
     inspect.add_argument("--plot", type=Path, metavar="FILE.png",
-                         help="also write document-length and token-frequency plots")
+                         help="also write document-length and token-frequency plots (a "
+                              "mixture file: each source's share over the run)")
+    inspect.add_argument("--seq-len", type=int,
+                         help="a mixture file: read windows of this many tokens (default: "
+                              "documents)")
+    inspect.add_argument("--length", type=int,
+                         help="a mixture file: its length in observations (default: until "
+                              "the first source ends its first pass)")
     verify = _command(commands, "verify", "check a dataset's checksums and structure",
                       "zerobatch verify data")
     verify.add_argument("path", help="a dataset folder or s3:// gs:// az:// URL")
@@ -175,6 +188,15 @@ def _build_parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "convert":
         _convert(args)
+    elif args.command == "inspect" and _mixture_file(args.path):
+        from zerobatch.mixture import spec
+
+        options = {"length": args.length} if args.length else {"max_passes": 1}
+        mixture = spec.from_file(args.path, seq_len=args.seq_len, **options)
+        print(spec.describe_text(mixture))
+        if args.plot is not None:
+            spec.plot_shares(mixture, args.plot)
+            print(f"wrote {args.plot}")
     elif args.command == "inspect":
         print(_inspect(args.path))
         if args.plot is not None:

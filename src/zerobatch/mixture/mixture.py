@@ -44,8 +44,11 @@ This is the source-state protocol of :mod:`zerobatch.source`
 (``state_dict`` / ``resumed``); the mixture itself never changes
 (:meth:`Mixture.resumed` returns a new one).
 
-**Packing.** A packed source (``documents().packed(...)``) is a source like any
-other: a mixture of packed sources mixes packed rows, each row from one source.
+**Packing.** Packed rows (``documents().packed(...)``) are not mixed yet: they
+follow their own plan (row ids encode epoch, window and row, and an epoch's
+row count is known only once it is packed), which a mixture's per-source
+passes would have to drive; ``Mixture`` refuses them with a ValueError. Mix
+windows or documents.
 
 >>> from zerobatch import Batch
 >>> class Numbers:
@@ -159,6 +162,11 @@ class Mixture:
             if not callable(getattr(source, "read", None)) or not hasattr(source, "__len__"):
                 raise ValueError(f"sources[{name!r}] must have __len__ and read(indices) -> "
                                  f"Batch; got {type(source).__name__}")
+            if callable(getattr(source, "bind_plan", None)):
+                raise ValueError(
+                    f"sources[{name!r}] is {type(source).__name__}, read through its own plan "
+                    "(row ids are not 0..len-1); a mixture cannot place its rows yet: mix "
+                    "windows or documents")
             if len(source) < 1:
                 raise ValueError(f"sources[{name!r}] has no observations")
         size = (DEFAULT_BLOCK_SIZE if block_size is None
@@ -212,6 +220,28 @@ class Mixture:
             if at is not None:
                 stops.append(at)
         return min(stops) if stops else None
+
+    @classmethod
+    def from_megatron(cls, data_path: str | Sequence[str], *, seq_len: int | None = None,
+                      storage_options: Mapping[str, Any] | None = None,
+                      **options: Any) -> Mixture:
+        """A mixture from a Megatron ``--data-path`` such as ``["0.3", "/data/web",
+        "0.7", "/data/code"]``: Megatron ``.bin``/``.idx`` prefixes or zerobatch
+        datasets, as windows of ``seq_len`` tokens (documents when None); see
+        :func:`zerobatch.mixture.spec.from_megatron`."""
+        from zerobatch.mixture.spec import from_megatron
+
+        return from_megatron(data_path, seq_len=seq_len, storage_options=storage_options,
+                             **options)
+
+    @classmethod
+    def from_file(cls, path: Any, *, seq_len: int | None = None,
+                  storage_options: Mapping[str, Any] | None = None, **options: Any) -> Mixture:
+        """A mixture from a JSON or YAML file of ``{name: {path, weight}}`` (see
+        :mod:`zerobatch.mixture.spec`)."""
+        from zerobatch.mixture.spec import from_file
+
+        return from_file(path, seq_len=seq_len, storage_options=storage_options, **options)
 
     # -- the Source protocol -------------------------------------------------
 
