@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -216,7 +217,11 @@ def _sections(app: Any, what: str, name: str, obj: Any, options: Any, lines: lis
         docs = ModuleAnalyzer.for_module(module_name).find_attr_docs()
         lines[:] = list(docs.get(("", attribute), []))
     elif what not in ("attribute", "property"):
-        lines[:] = GoogleDocstring(lines, _GOOGLE, app, what, name, obj, options).lines()
+        parsed = GoogleDocstring(lines, _GOOGLE, app, what, name, obj, options).lines()
+        # napoleon escapes the stars of only the first of "*args, **kwargs"
+        lines[:] = [re.sub(r"^(\s*:param )(\*{1,2})(?=\w)",
+                           lambda m: m.group(1) + "\\*" * len(m.group(2)), line)
+                    for line in parsed]
 
 
 def setup(app: Any) -> None:
