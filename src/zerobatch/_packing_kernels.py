@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit
 
 __all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_rows",
-           "make_pieces", "reorder_rows", "scatter_rows"]
+           "fill_rows_masked", "make_pieces", "reorder_rows", "scatter_rows"]
 
 TRUNCATE, SPLIT, DROP = 0, 1, 2
 POLICIES = {"truncate": TRUNCATE, "split": SPLIT, "drop": DROP}
@@ -185,3 +185,19 @@ def scatter_rows(sel: np.ndarray, lo: np.ndarray, hi: np.ndarray, row_offsets: n
             out_start[at] = start[p]
             out_size[at] = size[p]
             at += 1
+
+
+@njit(cache=True, nogil=True)
+def fill_rows_masked(values: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
+                     start: np.ndarray, size: np.ndarray, row_offsets: np.ndarray,
+                     out: np.ndarray, out_mask: np.ndarray) -> None:
+    """:func:`fill_rows` of ``values`` into ``out`` and of ``mask`` into
+    ``out_mask`` in one pass."""
+    for b in range(row_offsets.shape[0] - 1):
+        at = 0
+        for p in range(row_offsets[b], row_offsets[b + 1]):
+            begin = offsets[p] + start[p]
+            for i in range(size[p]):
+                out[b, at + i] = values[begin + i]
+                out_mask[b, at + i] = mask[begin + i]
+            at += size[p]

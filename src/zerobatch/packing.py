@@ -289,7 +289,11 @@ class PackedRows:
         if bad.shape[0]:
             raise IndexError(f"row id {int(ids[bad[0]])} names window "
                              f"{int(windows[bad[0]])}; an epoch has {self._windows_per_epoch}")
-        keys, inverse = np.unique(ids >> _ROW_BITS, return_inverse=True)
+        window_keys = ids >> _ROW_BITS
+        if ids.shape[0] and window_keys.min() == window_keys.max():  # the usual: one window
+            keys, inverse = window_keys[:1], np.zeros(ids.shape[0], np.intp)
+        else:
+            keys, inverse = np.unique(window_keys, return_inverse=True)
         counts = np.empty(ids.shape[0], np.int64)
         groups = []
         for k, key in enumerate(keys.tolist()):  # the windows the rows come from
@@ -323,11 +327,13 @@ class PackedRows:
             mask = self._span_mask(read, tokens)
         dtype = self._docs._dtype or values.dtype
         input_ids = np.full((ids.shape[0], self.seq_len), self.pad_id, dtype)
-        pk.fill_rows(values, offsets, start, size, row_offsets, input_ids)
         columns: dict[str, Any] = {"input_ids": input_ids}
-        if mask is not None:
+        if mask is None:
+            pk.fill_rows(values, offsets, start, size, row_offsets, input_ids)
+        else:
             loss_mask = np.zeros((ids.shape[0], self.seq_len), mask.dtype)  # 0 = no loss
-            pk.fill_rows(mask, offsets, start, size, row_offsets, loss_mask)
+            pk.fill_rows_masked(values, mask, offsets, start, size, row_offsets, input_ids,
+                                loss_mask)
             columns["loss_mask"] = loss_mask
         # Built valid here: Batch._trusted skips from_columns' checks (a test compares them).
         schema = {name: FieldSchema("dense", column.dtype, column.shape[1:])
