@@ -123,3 +123,31 @@ def test_two_ranks_under_torchrun_read_each_observation_once(runs, tmp_path):
     seen = [table[row] for rank in (0, 1) for step in _rows(tmp_path / f"log.{rank}")
             for row in step]
     assert len(seen) == len(set(seen)) == 7 * 2 * BATCH == len(table) - len(table) % 8
+
+
+def test_a_source_with_its_own_label_convention(tmp_path):
+    """Packed documents with labels='aligned' (padding, -100 at document starts)
+    pass through as they are; labels='shifted' is refused; windows get
+    aligned labels derived from input_ids and position_ids."""
+    from zerobatch import Loader
+    from zerobatch.hf import IGNORE_INDEX, _TrainerData
+
+    rng = np.random.default_rng(2)
+    with StreamWriter(tmp_path / "corpus") as writer:
+        for _ in range(30):
+            writer.add_document(rng.integers(1, 512, size=int(rng.integers(3, 20))))
+    documents = open_dataset(tmp_path / "corpus").documents()
+    aligned = documents.packed(SEQ_LEN, labels="aligned")
+    data = _TrainerData(Loader(aligned, BATCH, seed=1), ("input_ids", "labels"))
+    expected = [b["labels"] for b in Loader(aligned, BATCH, seed=1)]
+    got = [b["labels"] for b in data]
+    assert len(got) == len(expected) > 0
+    assert all(a.equal(b) for a, b in zip(got, expected, strict=True))
+    with pytest.raises(ValueError, match="labels='aligned'"):
+        _TrainerData(Loader(documents.packed(SEQ_LEN), BATCH), ("input_ids", "labels"))
+    windows = open_dataset(tmp_path / "corpus").windows(SEQ_LEN)
+    batch = next(iter(_TrainerData(Loader(windows, BATCH, seed=1), ("input_ids", "labels"))))
+    raw = next(iter(Loader(windows, BATCH, seed=1)))
+    starts = raw["position_ids"] == 0
+    assert (batch["labels"][starts] == IGNORE_INDEX).all()
+    assert batch["labels"][~starts].equal(raw["input_ids"][~starts])

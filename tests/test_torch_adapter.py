@@ -330,3 +330,28 @@ def test_rank_is_resolved_at_first_iteration(monkeypatch):
     assert _indices(torch.utils.data.DataLoader(LoaderDataset(spawned), batch_size=None,
                                                 num_workers=1)) == _indices(
         Loader(source, 2, seed=1, rank=0, world_size=4, output="numpy"))
+
+
+@pytest.mark.frameworks
+def test_loader_built_before_the_process_group_under_spawn(tmp_path, monkeypatch):
+    """The trap of issue 26: under torch.multiprocessing.spawn a Loader built
+    before init_process_group was rank 0 of 1 in every process (every rank read
+    the same data). It now takes its rank when iterated."""
+    import socket
+
+    import torch.multiprocessing
+    from _spawn_ranks import read_share
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    loader = Loader(Indices(50), 4, seed=2, output="numpy")
+    assert (loader.rank, loader.world_size) == (0, 1)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    torch.multiprocessing.spawn(read_share, args=(loader, 2, port, str(tmp_path / "ids")),
+                                nprocs=2)
+    shares = [json.loads((tmp_path / f"ids.{rank}").read_text()) for rank in (0, 1)]
+    assert [(s["rank"], s["world_size"]) for s in shares] == [(0, 2), (1, 2)]
+    seen = shares[0]["ids"] + shares[1]["ids"]
+    assert len(seen) == len(set(seen)) == 48

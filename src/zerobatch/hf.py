@@ -21,7 +21,9 @@ What it changes, and why:
   model shifts), -100 at each document's first token (``position_ids == 0``)
   and wherever a ``loss_mask`` column is 0. zerobatch's own ``labels`` are
   shifted by one already (nanoGPT's convention); a Hugging Face model shifting
-  them again would learn to predict two tokens ahead.
+  them again would learn to predict two tokens ahead. A source that makes
+  aligned labels itself (``labels="aligned"``, e.g. packed documents) is
+  taken as it is; one set to ``labels="shifted"`` is refused.
 - **Resume at once**: each checkpoint folder gets ``zerobatch_loader.json`` (the
   Loader's position after the last batch trained on, written before
   ``trainer_state.json``). ``train(resume_from_checkpoint=...)`` loads it and
@@ -86,16 +88,31 @@ def aligned_labels(batch: dict[str, Any], *, columns: Sequence[str] = ("input_id
     return out
 
 
+def _label_mode(source: Any) -> str | None:
+    """The source's own label convention (``"aligned"``, ``"shifted"``) when it
+    names one, else None (zerobatch's windows: derive aligned labels)."""
+    mode = getattr(source, "labels", None)
+    return mode if isinstance(mode, str) else None
+
+
 class _TrainerData(DataLoader):
     """:class:`zerobatch.torch.DataLoader` yielding the Trainer's columns."""
 
     def __init__(self, loader: Loader, columns: Sequence[str], **kwargs: Any) -> None:
         super().__init__(loader, **kwargs)
         self.columns = tuple(columns)
+        mode = _label_mode(loader._source)
+        if mode not in (None, "aligned"):
+            raise ValueError(f"the source makes labels={mode!r}; Hugging Face models shift "
+                             "labels themselves: build it with labels='aligned'")
+        self._given = mode == "aligned"  # the source's labels are HF's already
 
     def __iter__(self) -> Iterator[Any]:  # type: ignore[override]  # a generator, as its base's
         for batch in super().__iter__():
-            yield aligned_labels(batch, columns=self.columns)
+            if self._given:
+                yield {name: batch[name] for name in self.columns}
+            else:
+                yield aligned_labels(batch, columns=self.columns)
 
 
 class Trainer(transformers.Trainer):
