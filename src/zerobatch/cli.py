@@ -189,10 +189,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "convert":
         _convert(args)
     elif args.command == "inspect" and _mixture_file(args.path):
-        from zerobatch.mixture import spec
+        from zerobatch.mixture import Mixture, spec
 
         options = {"length": args.length} if args.length else {"max_passes": 1}
-        mixture = spec.from_file(args.path, seq_len=args.seq_len, **options)
+        mixture = Mixture.from_file(args.path, seq_len=args.seq_len, **options)
         print(spec.describe_text(mixture))
         if args.plot is not None:
             spec.plot_shares(mixture, args.plot)

@@ -72,6 +72,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.columnar import Batch, BatchMeta, Jagged
+from zerobatch.mixture import spec
 from zerobatch.mixture.order import (
     DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
@@ -228,20 +229,19 @@ class Mixture:
         """A mixture from a Megatron ``--data-path`` such as ``["0.3", "/data/web",
         "0.7", "/data/code"]``: Megatron ``.bin``/``.idx`` prefixes or zerobatch
         datasets, as windows of ``seq_len`` tokens (documents when None); see
-        :func:`zerobatch.mixture.spec.from_megatron`."""
-        from zerobatch.mixture.spec import from_megatron
-
-        return from_megatron(data_path, seq_len=seq_len, storage_options=storage_options,
-                             **options)
+        :func:`zerobatch.mixture.spec.megatron_sources`."""
+        sources, weights = spec.megatron_sources(data_path, seq_len=seq_len,
+                                                 storage_options=storage_options)
+        return cls(sources, weights, **options)
 
     @classmethod
     def from_file(cls, path: Any, *, seq_len: int | None = None,
                   storage_options: Mapping[str, Any] | None = None, **options: Any) -> Mixture:
         """A mixture from a JSON or YAML file of ``{name: {path, weight}}`` (see
         :mod:`zerobatch.mixture.spec`)."""
-        from zerobatch.mixture.spec import from_file
-
-        return from_file(path, seq_len=seq_len, storage_options=storage_options, **options)
+        sources, weights, options = spec.file_sources(path, seq_len=seq_len,
+                                                      storage_options=storage_options, **options)
+        return cls(sources, weights, **options)
 
     # -- the Source protocol -------------------------------------------------
 

@@ -21,12 +21,10 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from zerobatch.mixture.mixture import Mixture
-
-__all__ = ["describe_text", "from_file", "from_megatron", "is_mixture_file", "parse_megatron",
-           "plot_shares", "read_file"]
+__all__ = ["describe_text", "file_sources", "is_mixture_file", "megatron_sources",
+           "parse_megatron", "plot_shares", "read_file"]
 
 _KEYS = {"path", "weight", "max_passes"}
 
@@ -84,19 +82,19 @@ def _open(path: str, seq_len: int | None, storage_options: Mapping[str, Any] | N
     return dataset.documents() if seq_len is None else dataset.windows(seq_len)
 
 
-def from_megatron(data_path: str | Sequence[str], *, seq_len: int | None = None,
-                  storage_options: Mapping[str, Any] | None = None, **options: Any) -> Mixture:
-    """A mixture from a Megatron ``--data-path`` (:func:`parse_megatron`): each
-    path opened with :func:`zerobatch.open_dataset` (Megatron ``.bin``/``.idx``
-    prefixes and zerobatch datasets alike), read as windows of ``seq_len``
-    tokens (documents when None), named by its last path component.
-    ``options`` go to :class:`Mixture` (``seed``, ``length``, ``max_passes``,
-    ``block_size``)."""
+def megatron_sources(data_path: str | Sequence[str], *, seq_len: int | None = None,
+                     storage_options: Mapping[str, Any] | None = None
+                     ) -> tuple[dict[str, Any], dict[str, float]]:
+    """The sources and weights of a Megatron ``--data-path`` (:func:`parse_megatron`),
+    for ``Mixture.from_megatron``: each path opened with
+    :func:`zerobatch.open_dataset` (Megatron ``.bin``/``.idx`` prefixes and
+    zerobatch datasets alike), read as windows of ``seq_len`` tokens
+    (documents when None), named by its last path component."""
     pairs = parse_megatron(data_path)
     names = _names([p for _, p in pairs])
     sources = {n: _open(p, seq_len, storage_options) for n, (_, p) in zip(names, pairs,
                                                                           strict=True)}
-    return Mixture(sources, {n: w for n, (w, _) in zip(names, pairs, strict=True)}, **options)
+    return sources, {n: w for n, (w, _) in zip(names, pairs, strict=True)}
 
 
 def is_mixture_file(path: str | os.PathLike[str]) -> bool:
@@ -149,10 +147,12 @@ def read_file(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def from_file(path: str | os.PathLike[str], *, seq_len: int | None = None,
-              storage_options: Mapping[str, Any] | None = None, **options: Any) -> Mixture:
-    """A mixture from a JSON or YAML file (module docstring); ``options`` go
-    to :class:`Mixture` (a file's ``max_passes`` entries win over the argument's)."""
+def file_sources(path: str | os.PathLike[str], *, seq_len: int | None = None,
+                 storage_options: Mapping[str, Any] | None = None, **options: Any
+                 ) -> tuple[dict[str, Any], dict[str, float], dict[str, Any]]:
+    """The sources, weights and ``Mixture`` options of a JSON or YAML file
+    (module docstring), for ``Mixture.from_file``: a file's ``max_passes``
+    entries win over the ``options``' own."""
     entries = read_file(path)
     sources = {n: _open(e["path"], seq_len, storage_options) for n, e in entries.items()}
     weights = {n: e["weight"] for n, e in entries.items()}
@@ -162,10 +162,26 @@ def from_file(path: str | os.PathLike[str], *, seq_len: int | None = None,
         merged = ({} if base is None else dict(base) if isinstance(base, Mapping)
                   else dict.fromkeys(entries, base))
         options["max_passes"] = {**merged, **passes}
-    return Mixture(sources, weights, **options)
+    return sources, weights, options
 
 
-def describe_text(mixture: Mixture, length: int | None = None) -> str:
+class _Described(Protocol):
+    """What the report and the plot read of a ``Mixture`` (which imports this
+    module for its ``from_megatron`` and ``from_file``)."""
+
+    def __len__(self) -> int: ...
+    @property
+    def seed(self) -> int: ...
+    @property
+    def stages(self) -> Sequence[Any]: ...
+    @property
+    def names(self) -> Sequence[str]: ...
+    @property
+    def order(self) -> Any: ...
+    def describe(self, length: int) -> list[dict[str, Any]]: ...
+
+
+def describe_text(mixture: _Described, length: int | None = None) -> str:
     """The table ``zerobatch inspect MIXTURE`` prints: per source its
     observations, asked and achieved share, slots and passes at ``length``."""
     at = len(mixture) if length is None else length
@@ -183,7 +199,7 @@ def describe_text(mixture: Mixture, length: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def plot_shares(mixture: Mixture, path: str | os.PathLike[str], *, length: int | None = None,
+def plot_shares(mixture: _Described, path: str | os.PathLike[str], *, length: int | None = None,
                 points: int = 200) -> None:
     """A stacked area plot of each source's share over the run (``points``
     windows of the positions), stage starts marked, written to ``path``."""
