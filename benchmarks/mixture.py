@@ -124,11 +124,12 @@ def _write(folder: Path, tokens: np.ndarray) -> None:
 
 
 def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
-               repeats: int) -> None:
+               repeats: int, columns: tuple[str, ...] | None) -> None:
     from zerobatch import Loader, Mixture, open_dataset
 
     print(f"\n## 2. Loader throughput: one dataset vs a mixture of {sources} "
-          f"(windows of {seq_len}, batch {batch_size}, output='numpy')")
+          f"(windows of {seq_len}, batch {batch_size}, output='numpy', columns "
+          f"{columns or 'all'})")
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, 50_000, size=total_tokens, dtype=np.uint16)
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,8 +137,9 @@ def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
         parts = np.array_split(tokens, sources)
         for i, part in enumerate(parts):
             _write(Path(tmp) / f"part{i}", part)
-        one = open_dataset(Path(tmp) / "one").windows(seq_len)
-        windows = {f"part{i}": open_dataset(Path(tmp) / f"part{i}").windows(seq_len)
+        options = {} if columns is None else {"columns": columns}
+        one = open_dataset(Path(tmp) / "one").windows(seq_len, **options)
+        windows = {f"part{i}": open_dataset(Path(tmp) / f"part{i}").windows(seq_len, **options)
                    for i in range(sources)}
         rows = sum(len(w) for w in windows.values())
         mixture = Mixture(windows, {n: float(len(w)) for n, w in windows.items()}, length=rows,
@@ -206,16 +208,23 @@ def main() -> None:
                         help="largest samples * sources Megatron's index is built for "
                              "(above: extrapolated from the largest measured)")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    parser.add_argument("--only", nargs="+", default=["startup", "throughput", "proportions"],
+                        choices=["startup", "throughput", "proportions"])
     args = parser.parse_args()
     print(f"nproc={os.cpu_count()} load={os.getloadavg()} date={time.strftime('%Y-%m-%d %H:%M')}")
     if args.quick:
         startup(10**8, [10**5, 10**6], [100])
-        throughput(2_000_000, 20, 512, 16, 1)
+        throughput(2_000_000, 20, 512, 16, 1, ("input_ids", "labels"))
         proportions(50, 512, 20)
         return
-    startup(args.megatron_max, [10**7, 10**8, 10**9], [100, 2_000])
-    throughput(40_000_000, 100, 2048, 64, 3)
-    proportions(2_000, 512, 100)
+    if "startup" in args.only:
+        startup(args.megatron_max, [10**7, 10**8, 10**9], [100, 2_000])
+    if "throughput" in args.only:
+        for batch_size, columns in ((64, ("input_ids", "labels")), (512, ("input_ids", "labels")),
+                                    (64, None)):
+            throughput(40_000_000, 100, 2048, batch_size, 3, columns)
+    if "proportions" in args.only:
+        proportions(2_000, 512, 100)
 
 
 if __name__ == "__main__":

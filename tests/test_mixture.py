@@ -505,3 +505,30 @@ def test_kill_and_resume_with_a_weight_change(corpora: list[Path], tmp_path: Pat
         got_index = index[sources == s]
         np.testing.assert_array_equal(got_index, _own_order(after.order, s,
                                                             np.arange(got_index.shape[0])))
+
+
+def test_through_the_batch_server() -> None:
+    import threading
+
+    from zerobatch.service import BatchClient, BatchServer
+
+    mix = Mixture(_sources([37, 50, 11]), {"s0": 1.0, "s1": 2.0, "s2": 0.5}, seed=2,
+                  length=200, block_size=16)
+    expected = [(b["source"].tolist(), b["index"].tolist())
+                for b in Loader(mix, 4, rank=1, world_size=2, output="numpy")]
+    server = BatchServer(mix, "tcp://127.0.0.1:0")
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        with BatchClient(server.address, 4, rank=1, world_size=2, output="numpy",
+                         timeout=20) as client:
+            assert client.shuffle is False
+            got = [(b["source"].tolist(), b["index"].tolist()) for b in client]
+            state = client.state_dict()
+        assert got == expected
+        assert state["source"] == mix.state_dict() and state["fingerprint"] == mix.fingerprint
+        with pytest.raises(ValueError, match="shuffle=True"):
+            BatchClient(server.address, 4, shuffle=True, timeout=20)
+    finally:
+        server.stop()
+        thread.join(10)

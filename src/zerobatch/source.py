@@ -32,7 +32,7 @@ import numpy.typing as npt
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan
 
-__all__ = ["Source", "fingerprint", "plan_shuffle", "read_indices", "read_step",
+__all__ = ["Source", "fingerprint", "ordered_shuffle", "plan_shuffle", "read_indices", "read_step",
            "resolve_rank", "resume_source", "source_state"]
 
 _DEFAULT_RANK = "default (single process)"  # resolve_rank's origin when nothing says more
@@ -91,10 +91,17 @@ def plan_shuffle(source: Any, shuffle: bool | None) -> bool:
     """The plan's ``shuffle`` for ``source``: ``shuffle`` (None: True), except
     that an ordered source is read in order; asking to shuffle one is a
     ValueError (its order is its own: shuffling it again would break it)."""
-    if getattr(source, "ordered", False):
+    return ordered_shuffle(bool(getattr(source, "ordered", False)), shuffle,
+                           f"a {type(source).__name__}")
+
+
+def ordered_shuffle(ordered: bool, shuffle: bool | None, what: str = "the source") -> bool:
+    """:func:`plan_shuffle` from the source's ``ordered`` flag (a client that
+    knows the served source only by its answers); ``what`` names it in the error."""
+    if ordered:
         if shuffle:
-            raise ValueError(f"shuffle=True: a {type(source).__name__} orders itself (its "
-                             "positions are already shuffled); leave shuffle unset or False")
+            raise ValueError(f"shuffle=True: {what} orders itself (its positions are "
+                             "already shuffled); leave shuffle unset or False")
         return False
     return True if shuffle is None else bool(shuffle)
 

@@ -18,7 +18,7 @@ from typing import Any
 from zerobatch.columnar.wire import expect
 from zerobatch.errors import FormatError
 from zerobatch.service._transport import CurveKeys, Server, no_payload
-from zerobatch.source import fingerprint, read_step
+from zerobatch.source import fingerprint, read_step, source_state
 
 __all__ = ["PLAN_KEYS", "BatchServer", "serve_dataset"]
 
@@ -53,7 +53,8 @@ class BatchServer(Server):
         max_message_bytes: the largest request accepted (requests are small headers).
         max_batch_size: the largest ``batch_size`` a request may ask for (rows).
 
-    Ops: ``info`` answers ``length`` and ``fingerprint``; ``batch`` answers one
+    Ops: ``info`` answers ``length``, ``fingerprint``, ``ordered`` and ``source``
+    (a stateful source's description, as the Loader's state holds it); ``batch`` answers one
     batch, with the Loader's boolean ``padding`` column when ``drop_last=False``.
     Thread safety: serve from one thread; ``source.read`` is only called there.
     """
@@ -86,7 +87,9 @@ class BatchServer(Server):
         op = expect(header, "op", str, where="header", field="op")
         no_payload(op, payload)
         if op == "info":
-            return {"length": self._length, "fingerprint": fingerprint(self.source)}, []
+            return {"length": self._length, "fingerprint": fingerprint(self.source),
+                    "ordered": bool(getattr(self.source, "ordered", False)),
+                    "source": source_state(self.source)}, []
         if op != "batch":
             raise FormatError(
                 f"unknown op {op!r}; expected info or batch", path="header", field="op"

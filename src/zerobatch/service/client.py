@@ -17,7 +17,7 @@ from zerobatch.columnar import Batch
 from zerobatch.plan import Plan, Position
 from zerobatch.service._fetch import Fetcher
 from zerobatch.service._transport import CurveKeys
-from zerobatch.source import resolve_rank
+from zerobatch.source import ordered_shuffle, resolve_rank
 
 __all__ = ["BatchClient"]
 
@@ -46,7 +46,7 @@ class BatchClient:
         batch_size: int,
         *,
         seed: int = 0,
-        shuffle: bool = True,
+        shuffle: bool | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         prefetch: int = 4,
@@ -85,6 +85,8 @@ class BatchClient:
         )
         info, _ = self._fetcher.request({"op": "info"})
         self.length: int = info["length"]
+        shuffle = self.shuffle = ordered_shuffle(bool(info.get("ordered")), shuffle,
+                                                 "the served source")
         self._plan = Plan(
             self.length,
             batch_size,
@@ -95,7 +97,7 @@ class BatchClient:
             block_size=block_size,
         )
         self.rank = self._plan.check_rank(rank)
-        self._position = Position(self._plan, info.get("fingerprint"))
+        self._position = Position(self._plan, info.get("fingerprint"), info.get("source"))
 
     def __len__(self) -> int:
         """Steps per epoch for this rank (from the start of the epoch)."""
