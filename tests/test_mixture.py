@@ -532,3 +532,28 @@ def test_through_the_batch_server() -> None:
     finally:
         server.stop()
         thread.join(10)
+
+
+def test_stateful_dataloader_resumes_a_mixture() -> None:
+    pytest.importorskip("torchdata")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from zerobatch.torch import LoaderDataset
+
+    mix = Mixture(_sources([37, 50, 11]), {"s0": 1.0, "s1": 2.0, "s2": 0.5}, seed=2,
+                  length=400, block_size=16)
+    expected = [b["index"].tolist() for b in Loader(mix, 8)]
+    data = StatefulDataLoader(LoaderDataset(Loader(mix, 8)), batch_size=None, num_workers=2)
+    it = iter(data)
+    head = [next(it)["index"].tolist() for _ in range(7)]
+    saved = data.state_dict()
+    del it, data
+    workers = saved["_snapshot"]["_worker_snapshots"].values()
+    assert all("source" not in w["fetcher_state"]["dataset_iter_state"]["loader"]
+               for w in workers)
+    state = LoaderDataset(Loader(mix, 8)).loader_state(saved)
+    assert state["source"] == mix.state_dict()
+    resumed = Loader(Mixture(_sources([37, 50, 11]), {"s0": 1.0, "s1": 2.0, "s2": 0.5},
+                             seed=2, length=400, block_size=16), 8)
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert head + [b["index"].tolist() for b in resumed] == expected

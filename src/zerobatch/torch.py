@@ -208,8 +208,12 @@ class _WorkerSteps(Iterator[Any]):
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's next step (a Loader state), the step size, where the pass
-        ends, and the worker's place (``worker`` of ``workers``)."""
-        return {"version": _ITERATOR_VERSION, "loader": self._position.state_dict(),
+        ends, and the worker's place (``worker`` of ``workers``). Without a
+        stateful source's description (``"source"``): the main process's Loader
+        holds it, and a large mixture's would be pickled at every step."""
+        loader = self._position.state_dict()
+        loader.pop("source", None)
+        return {"version": _ITERATOR_VERSION, "loader": loader,
                 "step_size": self._plan.step_size, "end_epoch": self._end,
                 "worker": self._worker, "workers": self._workers}
 
