@@ -194,3 +194,18 @@ def test_any_documents_read_as_written(tmp_path_factory, lengths, size, seq_len,
         else:
             assert len(ds.windows(seq_len)) == 0
         assert ds.num_documents == sum(1 for d in documents if len(d))
+
+
+def test_copy_to_a_native_dataset(folders, tmp_path):
+    from zerobatch.peers import copy_to_stream
+
+    out = tmp_path / "native"
+    with open_dataset(folders[4]) as peer:
+        count = copy_to_stream(peer, out)
+    with open_dataset(folders[4]) as peer, open_dataset(out) as native:
+        assert type(native).__name__ == "Dataset" and count == peer.num_documents
+        assert native.manifest.token_dtype.str == "<u4" and native.manifest.fields == (
+            "loss_mask",)
+        a, b = peer.windows(5).read([0, 3, 9]), native.windows(5).read([0, 3, 9])
+        for name in ("input_ids", "labels", "position_ids", "loss_mask"):
+            np.testing.assert_array_equal(a[name], b[name])

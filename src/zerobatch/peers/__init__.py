@@ -17,6 +17,7 @@ from typing import Any
 from zerobatch.errors import FormatError
 from zerobatch.peers import datatrove, hf, litdata, megatron
 from zerobatch.peers._base import Location, PeerDataset, PeerFiles, locate
+from zerobatch.peers.copy import copy_to_stream
 from zerobatch.peers.datatrove import DatatroveFiles
 from zerobatch.peers.hf import HFFiles
 from zerobatch.peers.litdata import LitDataFiles
@@ -24,7 +25,8 @@ from zerobatch.peers.megatron import MegatronFiles
 from zerobatch.peers.olmo import OlmoFiles
 from zerobatch.stream.reader import Dataset, register_peer_formats
 
-__all__ = ["FORMATS", "PeerDataset", "PeerFiles", "detect", "detect_path", "open_peer"]
+__all__ = ["FORMATS", "PeerDataset", "PeerFiles", "copy_to_stream", "detect", "detect_path",
+           "open_peer"]
 
 FORMATS: dict[str, type[PeerFiles]] = {
     "megatron": MegatronFiles,
