@@ -1,9 +1,13 @@
 """One rank of a torchrun job checkpointing zerobatch through
 torch.distributed.checkpoint (DCP), for tests/test_dcp.py (run under torchrun).
 
-Two data paths side by side, each an epoch of windows from ``--data``:
-``loader`` (the Loader itself, iterated) and ``workers`` (a
-``zerobatch.torch.DataLoader`` over another Loader, with worker processes).
+Three data paths side by side, each an epoch of windows from ``--data``:
+``loader`` (the Loader itself, iterated), ``workers`` (a
+``zerobatch.torch.DataLoader`` over another Loader, with worker processes) and
+``torchdata`` (torchdata's ``StatefulDataLoader`` over a ``LoaderDataset``, one
+worker). The torchdata state is loaded back by torchdata itself when the step
+(``batch_size * world_size``) is the one it was saved with, and by
+``zerobatch.torch.DataLoader.load_state_dict`` otherwise (torchdata refuses it).
 Each rank appends ``{"path", "ids", "saved"}`` lines to ``--record`` + ``.RANK``:
 the windows of each step (a window's id is its first token // seq_len: the
 corpus is ``arange``). ``--save-at K`` saves both after step K with DCP, runs
@@ -17,14 +21,17 @@ import argparse
 import json
 import os
 import signal
+from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from zerobatch import Loader, open_dataset
-from zerobatch.torch import DataLoader
+from zerobatch.torch import DataLoader, LoaderDataset
 
 SEQ_LEN = 8
+SAVED_STEP = 4 * 6  # the killed job's ranks x batch_size (tests/test_dcp.py)
 
 
 def main() -> None:
@@ -39,13 +46,25 @@ def main() -> None:
     options = parser.parse_args()
     dist.init_process_group("gloo")
     windows = open_dataset(options.data).windows(SEQ_LEN)
-    loader = Loader(windows, options.batch_size, seed=3, output="numpy")  # rank: torch.distributed
+    # rank: torch.distributed. No reader threads: DataLoader workers fork from this
+    # process, and a fork while a reader thread holds the shared source's lock
+    # leaves the child waiting on it forever (see zerobatch.torch's WARNING).
+    loader = Loader(windows, options.batch_size, seed=3, output="numpy", num_threads=0)
     data = DataLoader(Loader(windows, options.batch_size, seed=4), num_workers=options.workers)
-    state = {"loader": loader, "workers": data}
+    stateful = StatefulDataLoader(LoaderDataset(Loader(windows, options.batch_size, seed=5)),
+                                  batch_size=None, num_workers=1)
+    torchdata: Any = stateful
     if options.resume:
+        state = {"loader": loader, "workers": data, "torchdata": stateful.state_dict()}
         dcp.load(state, checkpoint_id=options.checkpoint)
+        if options.batch_size * dist.get_world_size() == SAVED_STEP:
+            stateful.load_state_dict(state["torchdata"])
+        else:  # another step: torchdata refuses it, zerobatch's DataLoader converts it
+            torchdata = DataLoader(Loader(windows, options.batch_size, seed=5), num_workers=1)
+            torchdata.load_state_dict(state["torchdata"])
     log = open(f"{options.record}.{dist.get_rank()}", "a")  # noqa: SIM115 (flushed each step)
-    paths = {"loader": iter(loader), "workers": iter(data)}
+    paths = {"loader": iter(loader), "workers": iter(data), "torchdata": iter(torchdata)}
+    state = {"loader": loader, "workers": data, "torchdata": stateful}
     step = 0
     while paths:
         for name in list(paths):

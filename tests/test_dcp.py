@@ -33,7 +33,7 @@ def _torchrun(ranks: int, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _read(log: Path, ranks: int) -> dict[str, list[int]]:
-    seen: dict[str, list[int]] = {"loader": [], "workers": []}
+    seen: dict[str, list[int]] = {"loader": [], "workers": [], "torchdata": []}
     for rank in range(ranks):
         for line in Path(f"{log}.{rank}").read_text().splitlines():
             step = json.loads(line)
@@ -67,7 +67,7 @@ def test_resume_every_observation_once(killed, tmp_path, ranks, batch_size, work
     before, after = _read(killed / "before", 4), _read(tmp_path / "after", ranks)
     consumed = SAVE_AT * 4 * 6
     tail = (WINDOWS - consumed) % (ranks * batch_size)  # the resumed epoch's dropped tail
-    for path in ("loader", "workers"):
+    for path in ("loader", "workers", "torchdata"):
         assert len(before[path]) == consumed
         seen = before[path] + after[path]
         assert len(seen) == len(set(seen)) == WINDOWS - tail, path
