@@ -1,4 +1,4 @@
-"""Numba kernels of ``zerobatch.packing``: pieces, best-fit decreasing, row filling.
+"""Numba kernels of ``zerobatch.packing``: pieces, best-fit decreasing, a batch's rows.
 
 Kernels never raise: they return what the Python caller checks.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_rows",
-           "fill_rows_masked", "make_pieces", "reorder_rows", "scatter_rows"]
+__all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_batch",
+           "make_pieces", "reorder_rows", "row_windows", "scatter_rows", "window_rows"]
 
 TRUNCATE, SPLIT, DROP = 0, 1, 2
 POLICIES = {"truncate": TRUNCATE, "split": SPLIT, "drop": DROP}
@@ -157,22 +157,6 @@ def reorder_rows(row_of: np.ndarray, rows: int, rank: np.ndarray
 
 
 @njit(cache=True, nogil=True)
-def fill_rows(values: np.ndarray, offsets: np.ndarray, start: np.ndarray, size: np.ndarray,
-              row_offsets: np.ndarray, out: np.ndarray) -> None:
-    """Row ``b`` of ``out`` gets pieces ``row_offsets[b]:row_offsets[b + 1]``
-    back to back: piece ``p`` is ``values[offsets[p] + start[p]:][:size[p]]``
-    (``offsets``: where piece ``p``'s document starts in ``values``); the rest
-    of the row is left as it is."""
-    for b in range(row_offsets.shape[0] - 1):
-        at = 0
-        for p in range(row_offsets[b], row_offsets[b + 1]):
-            begin = offsets[p] + start[p]
-            for i in range(size[p]):
-                out[b, at + i] = values[begin + i]
-            at += size[p]
-
-
-@njit(cache=True, nogil=True)
 def scatter_rows(sel: np.ndarray, lo: np.ndarray, hi: np.ndarray, row_offsets: np.ndarray,
                  doc: np.ndarray, start: np.ndarray, size: np.ndarray, out_doc: np.ndarray,
                  out_start: np.ndarray, out_size: np.ndarray) -> None:
@@ -188,16 +172,76 @@ def scatter_rows(sel: np.ndarray, lo: np.ndarray, hi: np.ndarray, row_offsets: n
 
 
 @njit(cache=True, nogil=True)
-def fill_rows_masked(values: np.ndarray, mask: np.ndarray, offsets: np.ndarray,
-                     start: np.ndarray, size: np.ndarray, row_offsets: np.ndarray,
-                     out: np.ndarray, out_mask: np.ndarray) -> None:
-    """:func:`fill_rows` of ``values`` into ``out`` and of ``mask`` into
-    ``out_mask`` in one pass."""
+def window_rows(rows: np.ndarray, row_offsets: np.ndarray, doc: np.ndarray,
+                start: np.ndarray, size: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """The pieces of rows ``rows`` of one window (``row_offsets``, ``doc``,
+    ``start``, ``size``: the window's), in that order: (row offsets ``[B + 1]``,
+    doc, start, size, the first ``j`` with ``rows[j]`` out of range or -1)."""
+    count = rows.shape[0]
+    limit = row_offsets.shape[0] - 1
+    out_offsets = np.zeros(count + 1, np.int64)
+    for j in range(count):
+        r = rows[j]
+        if r < 0 or r >= limit:
+            return out_offsets, doc[:0], start[:0], size[:0], j
+        out_offsets[j + 1] = out_offsets[j] + row_offsets[r + 1] - row_offsets[r]
+    total = out_offsets[count]
+    out_doc = np.empty(total, np.int64)
+    out_start = np.empty(total, np.int64)
+    out_size = np.empty(total, np.int64)
+    for j in range(count):
+        at = out_offsets[j]
+        for p in range(row_offsets[rows[j]], row_offsets[rows[j] + 1]):
+            out_doc[at] = doc[p]
+            out_start[at] = start[p]
+            out_size[at] = size[p]
+            at += 1
+    return out_offsets, out_doc, out_start, out_size, -1
+
+
+@njit(cache=True, nogil=True)
+def fill_batch(values: np.ndarray, mask: np.ndarray, has_mask: bool, offsets: np.ndarray,
+               start: np.ndarray, size: np.ndarray, row_offsets: np.ndarray, pad_id: int,
+               out: np.ndarray, out_mask: np.ndarray) -> None:
+    """Every token of ``out`` (and, with ``has_mask``, of ``out_mask``): row
+    ``b`` gets pieces ``row_offsets[b]:row_offsets[b + 1]`` back to back (piece
+    ``p`` is ``values[offsets[p] + start[p]:][:size[p]]``), then ``pad_id``
+    (mask 0) to the row's end."""
+    seq_len = out.shape[1]
     for b in range(row_offsets.shape[0] - 1):
         at = 0
         for p in range(row_offsets[b], row_offsets[b + 1]):
             begin = offsets[p] + start[p]
-            for i in range(size[p]):
-                out[b, at + i] = values[begin + i]
-                out_mask[b, at + i] = mask[begin + i]
-            at += size[p]
+            n = size[p]
+            if has_mask:
+                for i in range(n):
+                    out[b, at + i] = values[begin + i]
+                    out_mask[b, at + i] = mask[begin + i]
+            else:
+                for i in range(n):
+                    out[b, at + i] = values[begin + i]
+            at += n
+        for i in range(at, seq_len):
+            out[b, i] = pad_id
+            if has_mask:
+                out_mask[b, i] = 0
+
+
+@njit(cache=True, nogil=True)
+def row_windows(ids: np.ndarray, row_bits: int, window_mask: int, windows: int
+                ) -> tuple[int, int]:
+    """(the first ``j`` whose row id ``ids[j]`` is negative or names a window
+    ``>= windows``, or -1; the ``epoch << window bits | window`` key all the
+    ids share, or -1 when they come from several windows or there are none)."""
+    key = -1
+    for j in range(ids.shape[0]):
+        i = ids[j]
+        if i < 0 or ((i >> row_bits) & window_mask) >= windows:
+            return j, -1
+        k = i >> row_bits
+        if j == 0:
+            key = k
+        elif k != key:
+            key = -2
+    return -1, max(key, -1)

@@ -71,6 +71,7 @@ thread-safe.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import threading
@@ -284,16 +285,61 @@ class PackedRows:
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The rows of ``indices`` (row ids, see the module docstring) as one Batch."""
         ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).reshape(-1)
-        windows, rows = (ids >> _ROW_BITS) & _WINDOW_MASK, ids & _ROW_MASK
-        bad = np.flatnonzero((ids < 0) | (windows >= self._windows_per_epoch))
-        if bad.shape[0]:
-            raise IndexError(f"row id {int(ids[bad[0]])} names window "
-                             f"{int(windows[bad[0]])}; an epoch has {self._windows_per_epoch}")
-        window_keys = ids >> _ROW_BITS
-        if ids.shape[0] and window_keys.min() == window_keys.max():  # the usual: one window
-            keys, inverse = window_keys[:1], np.zeros(ids.shape[0], np.intp)
+        bad, key = pk.row_windows(ids, _ROW_BITS, _WINDOW_MASK, self._windows_per_epoch)
+        if bad >= 0:
+            raise IndexError(f"row id {int(ids[bad])} names window "
+                             f"{(int(ids[bad]) >> _ROW_BITS) & _WINDOW_MASK}; an epoch has "
+                             f"{self._windows_per_epoch}")
+        rows = ids & _ROW_MASK
+        if key >= 0:  # the usual: the rows of one window
+            epoch, w = key >> _WINDOW_BITS, key & _WINDOW_MASK
+            packed = self._window(epoch, w)
+            row_offsets, doc, start, size, bad_row = pk.window_rows(
+                rows, packed.row_offsets, packed.doc, packed.start, packed.size)
+            if bad_row >= 0:
+                raise IndexError(f"row id {int(ids[bad_row])}: window {w} of epoch {epoch} "
+                                 f"has {packed.rows} rows, not {int(rows[bad_row]) + 1}")
         else:
-            keys, inverse = np.unique(window_keys, return_inverse=True)
+            row_offsets, doc, start, size = self._pieces_of(ids, ids >> _ROW_BITS, rows)
+        counts = np.diff(row_offsets)
+        if self.loss_spans is None:  # the stored records: no cast, no Batch, no metadata
+            records, offsets = self._docs.records(doc)
+            field = self._docs._ds.manifest.token_field
+            values = records if field is None else records[field]
+            mask = None if self.loss_mask is None else records[self.loss_mask]
+        else:
+            read = self._docs.read(doc)
+            tokens = read["input_ids"]
+            assert isinstance(tokens, Jagged)
+            values, offsets = tokens.values, tokens.offsets
+            mask = self._span_mask(read, tokens)
+        dtype = self._docs._dtype or values.dtype
+        input_ids = np.empty((ids.shape[0], self.seq_len), dtype)
+        columns: dict[str, Any] = {"input_ids": input_ids}
+        if mask is None:
+            pk.fill_batch(values, values[:0], False, offsets, start, size, row_offsets,
+                          self.pad_id, input_ids, input_ids)
+        else:
+            loss_mask = np.empty((ids.shape[0], self.seq_len), mask.dtype)  # 0 = no loss
+            pk.fill_batch(values, mask, True, offsets, start, size, row_offsets, self.pad_id,
+                          input_ids, loss_mask)
+            columns["loss_mask"] = loss_mask
+        # Built valid here: Batch._trusted skips from_columns' checks (a test compares them).
+        schema = {name: FieldSchema("dense", column.dtype, column.shape[1:])
+                  for name, column in columns.items()}
+        jagged = FieldSchema("jagged", np.dtype(np.int64), (), counts)
+        for name, values in (("seqlens", size), ("doc_ids", doc), ("doc_starts", start)):
+            columns[name] = Jagged._unchecked(values, row_offsets)
+            schema[name] = jagged
+        return Batch._trusted(columns, ids, schema)
+
+    def _pieces_of(self, ids: npt.NDArray[np.int64], window_keys: npt.NDArray[np.int64],
+                   rows: npt.NDArray[np.int64]
+                   ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                              npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """(row offsets, doc, start, size) of the pieces of rows ``ids`` from
+        several windows."""
+        keys, inverse = np.unique(window_keys, return_inverse=True)
         counts = np.empty(ids.shape[0], np.int64)
         groups = []
         for k, key in enumerate(keys.tolist()):  # the windows the rows come from
@@ -314,35 +360,7 @@ class PackedRows:
         for sel, lo, hi, packed in groups:
             pk.scatter_rows(sel, lo, hi, row_offsets, packed.doc, packed.start, packed.size,
                             doc, start, size)
-        if self.loss_spans is None:  # the stored records: no cast, no Batch, no metadata
-            records, offsets = self._docs.records(doc)
-            field = self._docs._ds.manifest.token_field
-            values = records if field is None else records[field]
-            mask = None if self.loss_mask is None else records[self.loss_mask]
-        else:
-            read = self._docs.read(doc)
-            tokens = read["input_ids"]
-            assert isinstance(tokens, Jagged)
-            values, offsets = tokens.values, tokens.offsets
-            mask = self._span_mask(read, tokens)
-        dtype = self._docs._dtype or values.dtype
-        input_ids = np.full((ids.shape[0], self.seq_len), self.pad_id, dtype)
-        columns: dict[str, Any] = {"input_ids": input_ids}
-        if mask is None:
-            pk.fill_rows(values, offsets, start, size, row_offsets, input_ids)
-        else:
-            loss_mask = np.zeros((ids.shape[0], self.seq_len), mask.dtype)  # 0 = no loss
-            pk.fill_rows_masked(values, mask, offsets, start, size, row_offsets, input_ids,
-                                loss_mask)
-            columns["loss_mask"] = loss_mask
-        # Built valid here: Batch._trusted skips from_columns' checks (a test compares them).
-        schema = {name: FieldSchema("dense", column.dtype, column.shape[1:])
-                  for name, column in columns.items()}
-        jagged = FieldSchema("jagged", np.dtype(np.int64), (), counts)
-        for name, values in (("seqlens", size), ("doc_ids", doc), ("doc_starts", start)):
-            columns[name] = Jagged._unchecked(values, row_offsets)
-            schema[name] = jagged
-        return Batch._trusted(columns, ids, schema)
+        return row_offsets, doc, start, size
 
     def _span_mask(self, read: Batch, tokens: Jagged) -> np.ndarray:
         """The per-token loss mask of the documents read (uint8, over their
@@ -600,6 +618,9 @@ class PackedPlan(Plan):
     def _exists(self, epoch: int, row: int) -> bool:
         """Whether ``epoch`` has row ``row`` (packing forward only as far as needed)."""
         rows = self._rows
+        walk = rows._walks.get(epoch)  # a walk's starts only grow: read without the lock
+        if walk is not None and row < walk.starts[-1]:
+            return True
         return row < rows._walk(epoch).starts[0] or rows._locate(epoch, row) is not None
 
     def has_step(self, consumed: int, epoch: int = 0) -> bool:
@@ -635,6 +656,13 @@ class PackedPlan(Plan):
         rank = self.check_rank(rank)
         positions = (int(consumed) + rank
                      + self.world_size * np.arange(steps * self.batch_size, dtype=np.int64))
+        first, last = int(positions[0]), int(positions[-1])
+        known = rows._walks.get(epoch)  # a walk's starts only grow: read without the lock
+        if known is not None and known.starts[0] <= first and last < known.starts[-1]:
+            i = bisect.bisect_right(known.starts, first) - 1
+            if i + 1 < len(known.starts) and last < known.starts[i + 1]:  # one window: the usual
+                base = (epoch << (_ROW_BITS + _WINDOW_BITS)) | ((known.first + i) << _ROW_BITS)
+                return (positions + (base - known.starts[i])).reshape(steps, self.batch_size)
         with rows._lock:  # the windows the step reaches, packed; then one walk holds all
             rows._locate(epoch, int(positions[0]))
             rows._locate(epoch, int(positions[-1]))

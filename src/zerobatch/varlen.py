@@ -137,6 +137,71 @@ def _labels(input_ids: np.ndarray, position_ids: np.ndarray, used: np.ndarray,
             out[b, i] = value
 
 
+
+@njit(cache=True, nogil=True)
+def _columns(input_ids: np.ndarray, seg_values: np.ndarray, seg_offsets: np.ndarray,
+             loss_mask: np.ndarray, has_mask: bool, mode: int, jax: bool,
+             attention: bool, labels: np.ndarray, position_ids: np.ndarray,
+             seq_idx: np.ndarray, segment_ids: np.ndarray, attention_mask: np.ndarray,
+             cu: np.ndarray) -> tuple[int, int, int]:
+    """:func:`_layout` and :func:`_labels` in one pass over each row (``mode``:
+    0 no labels, 1 shifted, 2 aligned); ``segment_ids`` only with ``jax``,
+    ``attention_mask`` only with ``attention``. Returns (segments, max_seqlen,
+    bad row or -1)."""
+    rows, seq_len = input_ids.shape
+    s = 0
+    longest = 0
+    cu[0] = 0
+    for b in range(rows):
+        base = b * seq_len
+        at = 0
+        local = 1
+        for j in range(seg_offsets[b], seg_offsets[b + 1]):
+            n = seg_values[j]
+            if n < 1 or at + n > seq_len:
+                return s, longest, b
+            for i in range(n):
+                t = at + i
+                position_ids[b, t] = i
+                seq_idx[b, t] = s
+                if jax:
+                    segment_ids[b, t] = local
+                if attention:
+                    attention_mask[b, t] = 1
+                if mode == 1:
+                    value = -100
+                    if i + 1 < n and (not has_mask or loss_mask[b, t + 1] != 0):
+                        value = input_ids[b, t + 1]
+                    labels[b, t] = value
+                elif mode == 2:
+                    value = -100
+                    if i != 0 and (not has_mask or loss_mask[b, t] != 0):
+                        value = input_ids[b, t]
+                    labels[b, t] = value
+            at += n
+            s += 1
+            local += 1
+            cu[s] = base + at
+            if n > longest:
+                longest = n
+        if at < seq_len:  # the padding tail: a segment of its own
+            for i in range(seq_len - at):
+                t = at + i
+                position_ids[b, t] = i
+                seq_idx[b, t] = s
+                if jax:
+                    segment_ids[b, t] = 0
+                if attention:
+                    attention_mask[b, t] = 0
+                if mode != 0:
+                    labels[b, t] = -100
+            if seq_len - at > longest:
+                longest = seq_len - at
+            s += 1
+            cu[s] = base + seq_len
+    return s, longest, -1
+
+
 def _as_jagged(seqlens: Any, rows: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """(values, offsets) of ``seqlens``: a Jagged, a (values, offsets) pair or a
     list of per-row sequences."""
@@ -198,11 +263,31 @@ def varlen_columns(
     if labels is not None and labels not in LABEL_MODES:
         raise ValueError(f"labels must be one of {LABEL_MODES} or None, got {labels!r}")
     rows, seq_len = ids.shape
-    layout = segment_layout(seqlens, rows, seq_len)
-    cu = layout.pop("cu_seqlens")
+    values, offsets = _as_jagged(seqlens, rows)
+    mask = np.zeros((0, 0), np.uint8) if loss_mask is None else np.asarray(loss_mask)
+    if labels is not None and loss_mask is not None and mask.shape != ids.shape:
+        raise ValueError(f"loss_mask has shape {mask.shape}, input_ids {ids.shape}")
+    if cu_seqlens_size is not None and (isinstance(cu_seqlens_size, bool)
+                                        or not isinstance(cu_seqlens_size, int)):
+        raise TypeError(f"cu_seqlens_size must be an int, got {cu_seqlens_size!r}")
+    # One buffer for the int64 planes (labels, position_ids), one for the int32 ones.
+    wide = np.empty((2, rows, seq_len), np.int64)
+    narrow = np.empty((2 if jax else 1, rows, seq_len), np.int32)
+    attention = (np.empty((rows, seq_len), np.int64) if attention_mask
+                 else np.zeros((0, 0), np.int64))
+    cu = np.empty(values.shape[0] + rows + 1, np.int32)
+    mode = 0 if labels is None else 1 if labels == "shifted" else 2
+    count, longest, bad = _columns(ids, values, offsets, mask, loss_mask is not None, mode,
+                                   jax, attention_mask, wide[0], wide[1], narrow[0],
+                                   narrow[-1], attention, cu)
+    if bad >= 0:
+        lengths = values[offsets[bad]:offsets[bad + 1]].tolist()
+        raise ValueError(f"row {bad}'s segment lengths {lengths} must each be >= 1 and sum "
+                         f"to at most seq_len={seq_len}")
+    if rows * seq_len >= 2**31:
+        raise ValueError(f"{rows} rows of {seq_len} tokens overflow int32 cu_seqlens")
+    cu = cu[:count + 1]
     if cu_seqlens_size is not None:
-        if isinstance(cu_seqlens_size, bool) or not isinstance(cu_seqlens_size, int):
-            raise TypeError(f"cu_seqlens_size must be an int, got {cu_seqlens_size!r}")
         if cu.shape[0] > cu_seqlens_size:
             raise ValueError(f"the batch has {cu.shape[0] - 1} segments, more than "
                              f"cu_seqlens_size={cu_seqlens_size} allows ({cu_seqlens_size - 1}); "
@@ -210,26 +295,19 @@ def varlen_columns(
         padded = np.full(cu_seqlens_size, cu[-1], np.int32)
         padded[:cu.shape[0]] = cu
         cu = padded
-    used = layout.pop("used")
     out: dict[str, Any] = {"input_ids": ids}
     if labels is not None:
-        mask = np.zeros((0, 0), np.uint8) if loss_mask is None else np.asarray(loss_mask)
-        if loss_mask is not None and mask.shape != ids.shape:
-            raise ValueError(f"loss_mask has shape {mask.shape}, input_ids {ids.shape}")
-        out["labels"] = np.empty((rows, seq_len), np.int64)
-        _labels(ids, layout["position_ids"], used, mask, loss_mask is not None,
-                labels == "aligned", out["labels"])
-    out["position_ids"] = layout["position_ids"]
+        out["labels"] = wide[0]
+    out["position_ids"] = wide[1]
     out["cu_seqlens"] = cu
-    out["max_seqlen"] = layout["max_seqlen"]
-    out["seq_idx"] = layout["seq_idx"]
+    out["max_seqlen"] = int(longest)
+    out["seq_idx"] = narrow[0]
     if jax:
-        out["segment_ids"] = layout["segment_ids"]
-        out["positions"] = layout["position_ids"].astype(np.int32)
+        out["segment_ids"] = narrow[1]
+        out["positions"] = wide[1].astype(np.int32)
     if attention_mask:
-        out["attention_mask"] = (np.arange(seq_len)[None, :] < used[:, None]).astype(np.int64)
+        out["attention_mask"] = attention
     return out
-
 
 _JAX_ONLY = ("segment_ids", "positions")
 _NOT_JAX = ("position_ids", "cu_seqlens", "max_seqlen", "seq_idx")
