@@ -211,7 +211,7 @@ def _read_stream_at(
 S3_ENV = "ZEROBATCH_FUZZ_S3"
 """The bucket (``s3://name``) remote targets write their inputs into. The
 endpoint and keys come from the AWS variables (``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, ...), as ``tests/s3_server.py``'s ``S3Server.env()``
+``AWS_ACCESS_KEY_ID``, ...), as ``tests/support/s3_server.py``'s ``S3Server.env()``
 gives them for a moto server on 127.0.0.1."""
 
 _S3_OPTIONS = {  # fail fast: a slow answer is the server's, not the reader's
@@ -1558,7 +1558,7 @@ def main() -> None:
         args.seconds = 30.0
     if any(TARGETS[n].remote for n in names) and S3_ENV not in os.environ:
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-        from s3_server import S3Server
+        from support.s3_server import S3Server
 
         server = S3Server().start()  # in this process; children reach it by loopback
         os.environ.update({**server.env(), S3_ENV: f"s3://{server.bucket}"})

@@ -52,12 +52,12 @@ from zerobatch.storage import open_storage
 from zerobatch.stream.npy import open_npy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from s3_server import S3Server
+from support.s3_server import S3Server
 
 T, BATCH, MICRO, DP = 1024, 4, 2, 8
 SERVE = """
 import sys, threading
-from s3_server import FaultProxy, S3Server
+from support.s3_server import FaultProxy, S3Server
 server = S3Server().start()
 proxy = FaultProxy(server.endpoint)
 proxy.state.latency, proxy.state.bandwidth = float(sys.argv[1]), float(sys.argv[2])

@@ -54,11 +54,11 @@ from zerobatch.stream.manifest import META_DATA, META_INDEX, META_SPANS
 from zerobatch.tensors import safe_open, save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from s3_server import ACCESS, retry_options
+from support.s3_server import ACCESS, retry_options
 
 SERVE = """
 import sys, threading
-from s3_server import FaultProxy, S3Server
+from support.s3_server import FaultProxy, S3Server
 server = S3Server().start()
 proxy = FaultProxy(server.endpoint)
 proxy.state.latency = float(sys.argv[1])

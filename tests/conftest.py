@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from s3_server import FaultProxy, S3Server
+from support.s3_server import FaultProxy, S3Server
 
 # JAX reads these once, when it first starts: 8 CPU devices for the mesh tests.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -19,7 +19,7 @@ from zerobatch import StreamWriter
 
 pytestmark = pytest.mark.frameworks
 
-SCRIPT = Path(__file__).with_name("dcp_train.py")
+SCRIPT = Path(__file__).parent / "support" / "dcp_train.py"
 SEQ_LEN, WINDOWS, SAVE_AT = 8, 300, 5
 
 

@@ -15,7 +15,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import fuzz
-from s3_server import S3Server
+from support.s3_server import S3Server
 
 SLICE = {"stream": 1000, "npy-folder": 1500,  # the slow readers get fewer
          "megatron": 500, "datatrove": 500, "litdata": 500, "hf": 500,

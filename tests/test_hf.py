@@ -17,7 +17,7 @@ from zerobatch import StreamWriter, open_dataset
 
 pytestmark = pytest.mark.frameworks
 
-SCRIPT = Path(__file__).with_name("hf_train.py")
+SCRIPT = Path(__file__).parent / "support" / "hf_train.py"
 STEPS, SEQ_LEN, BATCH = 30, 16, 4
 
 

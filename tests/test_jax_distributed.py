@@ -19,7 +19,7 @@ from zerobatch import Loader
 from zerobatch.jax import JaxOutput, ShardDataset, to_global
 from zerobatch.stream.npy import open_npy
 
-WORKER = Path(__file__).with_name("jax_two_process.py")
+WORKER = Path(__file__).parent / "support" / "jax_two_process.py"
 
 
 def _free_port() -> int:

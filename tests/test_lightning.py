@@ -19,7 +19,7 @@ from zerobatch import Loader, StreamWriter, open_dataset
 
 pytestmark = pytest.mark.frameworks
 
-SCRIPT = Path(__file__).with_name("lightning_train.py")
+SCRIPT = Path(__file__).parent / "support" / "lightning_train.py"
 SEQ_LEN, WINDOWS, STEPS = 8, 81, 30
 
 

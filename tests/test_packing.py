@@ -20,7 +20,7 @@ from zerobatch import Loader, StreamWriter, open_dataset
 from zerobatch import _packing_kernels as pk
 from zerobatch.packing import PackedRows
 
-from _packing_child import train  # isort: skip
+from support._packing_child import train  # isort: skip
 
 DOCS = 240
 
@@ -335,7 +335,7 @@ def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path, monkeypatch):
     here = str(Path(__file__).parent)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
         [here, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    context.set_forkserver_preload(["zerobatch", "_packing_child"])
+    context.set_forkserver_preload(["zerobatch", "support._packing_child"])
     from multiprocessing import forkserver
 
     stop = getattr(forkserver._forkserver, "_stop", None)  # one another test started

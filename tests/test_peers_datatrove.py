@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _peers import check_against, check_each_once, check_same, upload
 from datatrove.pipeline.tokens.tokenizer import TokenizedFile
 from datatrove.utils.dataset import DatatroveFileDataset, DatatroveFolderDataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support._peers import check_against, check_each_once, check_same, upload
 
 from zerobatch import FormatError, open_dataset
 from zerobatch.peers import PeerDataset

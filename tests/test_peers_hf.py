@@ -6,7 +6,7 @@ from __future__ import annotations
 import datasets
 import numpy as np
 import pytest
-from _peers import check_against, check_each_once, upload
+from support._peers import check_against, check_each_once, upload
 
 from zerobatch import FormatError, open_dataset
 from zerobatch.peers import PeerDataset

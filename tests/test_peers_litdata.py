@@ -9,8 +9,8 @@ from itertools import pairwise
 import numpy as np
 import pytest
 import torch
-from _peers import check_against, check_each_once, check_same, upload
 from litdata import StreamingDataset, TokensLoader, optimize
+from support._peers import check_against, check_each_once, check_same, upload
 
 from zerobatch import FormatError, open_dataset
 from zerobatch.peers import PeerDataset

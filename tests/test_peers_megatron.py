@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 import torch
-from _peers import check_against, check_each_once, check_same, upload
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+from support._peers import check_against, check_each_once, check_same, upload
 
 from zerobatch import FormatError, open_dataset
 from zerobatch.peers import PeerDataset, open_peer

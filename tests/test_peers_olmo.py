@@ -7,7 +7,7 @@ import gzip
 
 import numpy as np
 import pytest
-from _peers import check_against, check_each_once
+from support._peers import check_against, check_each_once
 
 from zerobatch import FormatError, open_dataset
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kill_writer import arm, write
+from support.kill_writer import arm, write
 
 from zerobatch import FormatError
 from zerobatch.batch_loader import BatchFileReader
@@ -128,7 +128,7 @@ def test_remote_writer_killed_mid_upload(s3, kill_at):
     """Shards (two files each) then the manifest: killed at the 2nd upload
     (shards still in flight) and at the manifest's (-1)."""
     url = s3.url("killed")
-    script = Path(__file__).with_name("kill_writer.py")
+    script = Path(__file__).parent / "support" / "kill_writer.py"
     done = subprocess.run([sys.executable, str(script), url, str(kill_at), "5", s3.endpoint],
                           timeout=120, check=False)
     assert done.returncode == -signal.SIGKILL

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _service_procs import serve_batches
+from support._service_procs import serve_batches
 
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan

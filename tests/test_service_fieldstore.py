@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from _service_procs import GROUPS, produce, sample_columns, serve_fieldstore
+from support._service_procs import GROUPS, produce, sample_columns, serve_fieldstore
 
 from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.service import FieldStore, FieldTable, ServiceError

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import safetensors
 import safetensors.numpy
-from bincode_bytes import framed, text, varint
+from support.bincode_bytes import framed, text, varint
 
 import zerobatch.tensors as zt
 from zerobatch.errors import FormatError

@@ -14,9 +14,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from bincode_bytes import framed, varint
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.bincode_bytes import framed, varint
 
 import zerobatch.tensors as zt
 from zerobatch.errors import FormatError

@@ -340,7 +340,7 @@ def test_loader_built_before_the_process_group_under_spawn(tmp_path, monkeypatch
     import socket
 
     import torch.multiprocessing
-    from _spawn_ranks import read_share
+    from support._spawn_ranks import read_share
 
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)

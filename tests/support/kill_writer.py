@@ -5,7 +5,7 @@ A step is one call of ``os.fsync``, ``os.replace`` (local) or one
 ``ObjectStorage.put`` (an upload: a shard file or the manifest), counted from 1;
 ``K = -1`` kills at the upload of the manifest.
 
-    python kill_writer.py LOCATION K SEED [ENDPOINT]
+    python tests/support/kill_writer.py LOCATION K SEED [ENDPOINT]
 """
 
 from __future__ import annotations

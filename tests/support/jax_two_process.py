@@ -1,6 +1,6 @@
 """One of two JAX processes (4 CPU devices each) for tests/test_jax_distributed.py.
 
-Usage: python jax_two_process.py COORDINATOR PROCESS_ID DATA_FOLDER OUT.npz
+Usage: python tests/support/jax_two_process.py COORDINATOR PROCESS_ID DATA_FOLDER OUT.npz
 
 Builds global arrays over the 8 devices of both processes, from this
 process's rows only, and saves each addressable shard (its index and data)
