@@ -1,8 +1,25 @@
 """What does the Loader cost over its reads, and how does it compare with peers?
 
-Windows of 2,048 tokens, batch 32, Feistel order, int64 ``input_ids``,
-``labels`` and ``position_ids``, a uint16 dataset of one shard, warm page
-cache. Everything is measured in this run, passes interleaved, best of each:
+Windows of 2,048 tokens, batch 32, shuffled, int64 ``input_ids`` and
+``labels``, a uint16 dataset of one shard, warm page cache. Everything is
+measured in this run, passes interleaved, best of each:
+
+0. The headline: the README's path, ``Loader(open_dataset(p).windows(2048),
+   32)`` with every default (torch output), the same with
+   ``document_masking=True``, the Loader tuned (``zerobatch.tools.bench.tune``)
+   and each peer at its own documented defaults, as shares of the same-run
+   limit: ``np.memmap``, one fancy-indexing gather of 32 windows of 2,049
+   tokens, ``astype(int64)``, inputs and labels split (three lines of NumPy).
+   Each pass builds a fresh iterator and skips its first batch
+   (``zerobatch.tools.bench.rates``); the Loaders run with ``epochs=None`` so
+   that they never run out (no other effect). Peers: torch ``DataLoader``
+   (map-style memmap dataset, ``shuffle=True``: 0 workers, its default), Hugging
+   Face ``datasets`` (``load_from_disk``, numpy format, ``ds[indices]``),
+   LitData (``StreamingDataset`` + ``TokensLoader``, ``StreamingDataLoader``),
+   Grain (``MapDataset`` indexed in the caller's thread, and
+   ``to_iter_dataset()`` with its default ``ReadOptions``). Draws
+   ``docs/img/loader.png``. The columns and figures below it use
+   ``position_ids`` too (``COLUMNS``).
 
 1. Loader overhead: tokens/s of ``Loader`` (output ``"batch"``, and one row
    ``"torch"``) with ``num_threads`` 0, 1 and 2 against the same
@@ -31,6 +48,13 @@ cache. Everything is measured in this run, passes interleaved, best of each:
 4. Start and resume: time to the first batch after construction, and after
    ``load_state_dict`` at step 10^9, on a synthetic source of 10^12
    observations; peak RSS of a fresh process for 10^6 versus 10^12.
+5. Pictures of 4 on the real dataset: the first batch after resuming at step
+   k (zerobatch: ``load_state_dict``; a replaying loader, torch
+   ``DataLoader`` with 0 workers, reads and drops k batches, as resuming an
+   iterator without a state protocol does), ``docs/img/loader_resume.png``;
+   peak RSS of a fresh process against the dataset's length (zerobatch's
+   synthetic source; torch's ``RandomSampler``, which draws a permutation of
+   the whole dataset each epoch), ``docs/img/loader_memory.png``.
 
     python benchmarks/loader.py [--quick] [--tokens 64_000_000] [--passes 5]
 """
@@ -39,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import shutil
 import subprocess
 import sys
@@ -49,9 +74,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _plot import bars, lines
 
 from zerobatch import Batch, Loader, StreamWriter, open_dataset
 from zerobatch.plan import Plan
+from zerobatch.tools.bench import LIMIT, numpy_windows, rates, tune
 
 SEQ_LEN, BATCH = 2048, 32
 COLUMNS = ("input_ids", "labels", "position_ids")
@@ -229,7 +256,8 @@ def _torch_peer(tokens: np.ndarray, workers: int) -> Iterator[Any]:
         yield from loader
 
 
-def _hf_peer(tokens: np.ndarray, folder: Path) -> Iterator[Any]:
+def _hf_dataset(tokens: np.ndarray, folder: Path) -> Any:
+    """The windows saved as a Hugging Face dataset and loaded back (numpy format)."""
     import datasets
     import pyarrow as pa
 
@@ -237,7 +265,15 @@ def _hf_peer(tokens: np.ndarray, folder: Path) -> Iterator[Any]:
     starts = np.arange(rows)[:, None] * SEQ_LEN + np.arange(SEQ_LEN + 1)
     column = pa.FixedSizeListArray.from_arrays(pa.array(tokens[starts].reshape(-1)), SEQ_LEN + 1)
     datasets.Dataset(pa.table({"tokens": column})).save_to_disk(str(folder))
-    ds = datasets.load_from_disk(str(folder)).with_format("numpy")
+    return datasets.load_from_disk(str(folder)).with_format("numpy")
+
+
+def _hf_peer(tokens: np.ndarray, folder: Path) -> Iterator[Any]:
+    return _hf_batches(_hf_dataset(tokens, folder), len(tokens))
+
+
+def _hf_batches(ds: Any, count: int) -> Iterator[Any]:
+    rows = (count - 1) // SEQ_LEN
     rng = np.random.default_rng(0)
     while True:
         window = ds[rng.integers(0, rows, BATCH).tolist()]["tokens"].astype(np.int64)
@@ -252,13 +288,34 @@ def _litdata_chunk(part: tuple[str, int, int]) -> Iterator[Any]:
     yield torch.from_numpy(tokens[start:stop].astype(np.int32))
 
 
-def _litdata_peer(tokens_path: Path, count: int, folder: Path) -> Iterator[Any]:
-    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader, optimize
+def _litdata_files(tokens_path: Path, count: int, folder: Path) -> Path:
+    """The tokens optimized into LitData chunks (``TokensLoader``)."""
+    from litdata import TokensLoader, optimize
 
     step = 1 << 22
     parts = [(str(tokens_path), a, min(a + step, count)) for a in range(0, count, step)]
     optimize(fn=_litdata_chunk, inputs=parts, output_dir=str(folder),
              chunk_size=(SEQ_LEN + 1) * 1024, item_loader=TokensLoader(), num_workers=1)
+    return folder
+
+
+def _litdata_batches(folder: Path) -> Iterator[Any]:
+    """``StreamingDataLoader`` at its defaults over ``folder``."""
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    ds = StreamingDataset(str(folder), item_loader=TokensLoader(block_size=SEQ_LEN + 1),
+                          shuffle=True)
+    loader = StreamingDataLoader(ds, batch_size=BATCH)
+    while True:
+        for window in loader:
+            window = window.long()
+            yield {"input_ids": window[:, :-1], "labels": window[:, 1:]}
+
+
+def _litdata_peer(tokens_path: Path, count: int, folder: Path) -> Iterator[Any]:
+    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+
+    _litdata_files(tokens_path, count, folder)
     ds = StreamingDataset(str(folder), item_loader=TokensLoader(block_size=SEQ_LEN + 1),
                           shuffle=True)
     loader = StreamingDataLoader(ds, batch_size=BATCH, num_workers=0, drop_last=True)
@@ -269,10 +326,11 @@ def _litdata_peer(tokens_path: Path, count: int, folder: Path) -> Iterator[Any]:
 
 
 def _grain_peer(tokens: np.ndarray, threads: int) -> Iterator[Any]:
-    """Grain's MapDataset over the memmap: in the caller's thread (``threads=0``)
-    or through ``to_iter_dataset`` with ``threads`` reader threads and a buffer
-    of 2 batches per thread (its default buffer of 500 would fill between the
-    interleaved passes)."""
+    """Grain's MapDataset over the memmap: in the caller's thread (``threads=0``),
+    through ``to_iter_dataset`` with its default ``ReadOptions`` (``threads <
+    0``) or with ``threads`` reader threads and a buffer of 2 batches per
+    thread (its default buffer of 500 would fill between the interleaved
+    passes of section 3, whose iterators live on)."""
     import grain
 
     class Windows:
@@ -291,6 +349,8 @@ def _grain_peer(tokens: np.ndarray, threads: int) -> Iterator[Any]:
     while True:
         if threads == 0:
             yield from (ds[i] for i in range(len(ds)))
+        elif threads < 0:  # its defaults
+            yield from ds.to_iter_dataset()
         else:
             options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=2 * threads)
             yield from ds.to_iter_dataset(options)
@@ -317,6 +377,165 @@ def _peers(path: Path, work: Path) -> dict[str, Iterator[Any]]:
             peers.pop(name)
             print(f"skipped {name}: {error}", file=sys.stderr)
     return peers
+
+
+def _default_peers(path: Path, work: Path) -> dict[str, Callable[[], Iterator[Any]]]:
+    """A fresh iterator of each installed peer at its documented defaults
+    (files it needs are built once, here); missing peers are skipped."""
+    tokens = _windows_memmap(path)
+    peers: dict[str, Callable[[], Iterator[Any]]] = {}
+    try:
+        import torch  # noqa: F401
+
+        peers["torch DataLoader (map-style memmap, defaults)"] = lambda: _torch_peer(tokens, 0)
+    except ImportError as error:
+        print(f"skipped torch: {error}", file=sys.stderr)
+    try:
+        hf = _hf_dataset(tokens, work / "hf-default")
+        peers["HF datasets ds[indices] (numpy format)"] = lambda: _hf_batches(hf, len(tokens))
+    except ImportError as error:
+        print(f"skipped datasets: {error}", file=sys.stderr)
+    try:
+        folder = _litdata_files(path / "00000.tokens", len(tokens), work / "litdata-default")
+        peers["LitData StreamingDataLoader (defaults)"] = lambda: _litdata_batches(folder)
+    except ImportError as error:
+        print(f"skipped litdata: {error}", file=sys.stderr)
+    try:
+        import grain  # noqa: F401
+
+        peers["Grain MapDataset (caller's thread)"] = lambda: _grain_peer(tokens, 0)
+        peers["Grain to_iter_dataset() (default ReadOptions)"] = lambda: _grain_peer(tokens, -1)
+    except ImportError as error:
+        print(f"skipped grain: {error}", file=sys.stderr)
+    return peers
+
+
+def _versions() -> str:
+    """The installed peers' versions, for the record."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("numpy", "torch", "datasets", "litdata", "grain"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} (not installed)")
+    return ", ".join(found)
+
+
+def _headline(path: Path, peers: dict[str, Callable[[], Iterator[Any]]], seconds: float,
+              passes: int) -> dict[str, float]:
+    """Section 0: tokens/s of the README path, document masking, tuned, the
+    NumPy limit and every peer at its defaults; prints the table, draws the
+    chart and returns each reader's share of the limit."""
+    windows = open_dataset(path).windows(SEQ_LEN)
+    masking = open_dataset(path).windows(SEQ_LEN, document_masking=True)
+    tuned, _ = tune(windows, BATCH, seconds=seconds / 2)
+    setting = ", ".join(f"{k}={v}" for k, v in tuned.items())
+
+    def loader(source: Any, **settings: Any) -> Callable[[], Iterator[Any]]:
+        return lambda: iter(Loader(source, BATCH, epochs=None, **settings))
+
+    readers: dict[str, Callable[[], Iterator[Any]]] = {
+        LIMIT: lambda: numpy_windows([path / "00000.tokens"], np.dtype("<u2"), None, SEQ_LEN,
+                                     BATCH),
+        "zerobatch, README path (defaults)": loader(windows),
+        "zerobatch, document_masking=True": loader(masking),
+        f"zerobatch, tuned ({setting})": loader(windows, **tuned),
+        **peers,
+    }
+    found = rates(readers, seconds=seconds, passes=passes)
+    limit = found[LIMIT]
+    shares = {name: rate / limit for name, rate in found.items()}
+    fastest = max((shares[n] for n in shares if not n.startswith(("zerobatch", "np."))),
+                  default=float("nan"))
+    print("0. The headline: shares of the same-run limit, np.memmap + int64 cast "
+          "(windows of 2,048, batch 32, shuffled, int64 input_ids and labels)")
+    print(f"   peers: {_versions()}")
+    _table([(name, f"{found[name] * BATCH * SEQ_LEN / 1e6:,.0f}", f"{shares[name]:.2f}",
+             f"{shares[name] / fastest:.1f}") for name in found],
+           ("reader", "M tok/s", "share of limit", "vs fastest peer"))
+    bars("loader", shares, title="Tokens/s as a share of np.memmap + int64 cast "
+         f"(same run; {SEQ_LEN}-token windows, batch {BATCH}, shuffled)",
+         xlabel="share of the NumPy limit (1.0 = np.memmap fancy indexing + astype(int64))",
+         limit=1.0, limit_label="np.memmap", labels={
+             name: f"{shares[name]:.2f} ({found[name] * BATCH * SEQ_LEN / 1e6:,.0f} M tok/s)"
+             for name in found})
+    return shares
+
+
+def _first_batch_after(windows: Any, steps: list[int]) -> tuple[list[float], list[float]]:
+    """Seconds to the first batch resuming at each of ``steps``: zerobatch's
+    ``load_state_dict``, and a torch DataLoader that replays (reads and drops)
+    the batches before it. Best of 3 (zerobatch), 1 (replay)."""
+    import torch  # noqa: F401
+
+    tokens = _windows_memmap(Path(str(windows._ds.path)))
+    ours, replay = [], []
+    for step in steps:
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            loader = Loader(windows, BATCH, seed=3, epochs=None)
+            loader.load_state_dict({**loader.state_dict(), "consumed": step * BATCH})
+            next(iter(loader))
+            best = min(best, time.perf_counter() - start)
+            loader.close()
+        ours.append(best)
+        if step <= 10_000:
+            start = time.perf_counter()
+            batches = _torch_peer(tokens, 0)
+            for _ in itertools.islice(batches, step + 1):
+                pass
+            replay.append(time.perf_counter() - start)
+    return ours, replay
+
+
+_RSS_TORCH = """
+import sys, torch
+from torch.utils.data import DataLoader, Dataset
+class Indices(Dataset):
+    def __init__(self, length): self.length = length
+    def __len__(self): return self.length
+    def __getitem__(self, i): return i
+loader = DataLoader(Indices(int(sys.argv[1])), batch_size=32, shuffle=True)
+for _, _b in zip(range(200), loader):
+    pass
+print(next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
+           if line.startswith("VmHWM:")))
+"""
+
+
+def _pictures(windows: Any) -> None:
+    """Section 5: resume and memory figures."""
+    steps = [0, 10, 100, 1_000, 10_000, 10**6, 10**9]
+    ours, replay = _first_batch_after(windows, steps)
+    print("5. First batch after resuming at step k (seconds)")
+    _table([(f"{k:,}", f"{a * 1e3:.1f} ms", f"{b:.2f} s" if i < len(replay) else "-")
+            for i, (k, a, b) in enumerate(itertools.zip_longest(steps, ours, replay,
+                                                                fillvalue=float("nan")))],
+           ("step", "zerobatch load_state_dict", "torch DataLoader replay"))
+    x = [max(k, 1) for k in steps]
+    lines("loader_resume", x, {"zerobatch Loader (load_state_dict)": ours,
+                               "torch DataLoader, replaying k batches": replay},
+          title=f"First batch after resuming at step k ({SEQ_LEN}-token windows, batch {BATCH})",
+          xlabel="step resumed at (k; 0 drawn at 1)", ylabel="seconds", logy=True)
+    sizes = [10**5, 10**6, 10**7, 10**8]
+    ours_rss = [_peak_rss(n) / 2**20 for n in [*sizes, 10**12]]
+    torch_rss = []
+    for n in sizes:
+        done = subprocess.run([sys.executable, "-c", _RSS_TORCH, str(n)], capture_output=True,
+                              text=True, check=True)
+        torch_rss.append(int(done.stdout) / 2**20)
+    print("5b. Peak RSS of a fresh process iterating a synthetic source (MiB)")
+    _table([(f"{n:.0e}", f"{a:.0f}", f"{b:.0f}" if b == b else "-")
+            for n, a, b in itertools.zip_longest([*sizes, 10**12], ours_rss, torch_rss,
+                                                 fillvalue=float("nan"))],
+           ("observations", "zerobatch Loader", "torch DataLoader shuffle=True"))
+    lines("loader_memory", [*sizes, 10**12], {"zerobatch Loader": ours_rss,
+                                               "torch DataLoader, shuffle=True": torch_rss},
+          title="Peak RSS of a fresh process against the dataset's length",
+          xlabel="observations", ylabel="MiB", logy=True)
 
 
 class Synthetic:
@@ -387,13 +606,27 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="batches per timed pass")
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="8 M tokens, 50 steps, 3 passes")
+    parser.add_argument("--headline", action="store_true",
+                        help="only section 0 (and its chart), three times")
+    parser.add_argument("--seconds", type=float, default=1.0, help="per headline pass")
     args = parser.parse_args()
     if args.quick:
         args.tokens, args.steps, args.passes = 8_000_000, 50, 3
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    print(f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  load={os.getloadavg()[0]:.2f}  "
+          f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC\n")
     work = Path(tempfile.mkdtemp(prefix="zerobatch-loader-bench-"))
     try:
         _write(work / "corpus", args.tokens)
         _warm(work / "corpus")
+        runs = 3 if args.headline else 1
+        peers = _default_peers(work / "corpus", work)
+        for run in range(runs):
+            if runs > 1:
+                print(f"run {run + 1} of {runs}, load {os.getloadavg()[0]:.2f}")
+            _headline(work / "corpus", peers, args.seconds, args.passes)
+        if args.headline:
+            return
         windows = open_dataset(work / "corpus").windows(SEQ_LEN, columns=COLUMNS)
         steps = min(args.steps, len(windows) // BATCH)
         print(f"{args.tokens / 1e6:.0f} M uint16 tokens, {len(windows)} windows of {SEQ_LEN}, "
@@ -434,6 +667,7 @@ def main() -> None:
         _table([(name, f"{rate * BATCH * SEQ_LEN / 1e6:,.1f}", f"{rate / fastest:.2f}")
                 for name, rate in rates.items()],
                ("reader", "M tok/s", "vs fastest peer"))
+        _pictures(windows)
     finally:
         shutil.rmtree(work)
 

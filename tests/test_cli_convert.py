@@ -55,7 +55,8 @@ def test_bench_prints_the_ratio(dataset: Path, capsys: pytest.CaptureFixture[str
                  "--seconds", "0.05"]) == 0
     out = capsys.readouterr().out
     ratio = float(out.split("ratio")[1].split()[0])
-    assert ratio > 0 and "memory-copy limit" in out
+    assert ratio > 0 and "share of NumPy" in out and "np.memmap gather + int64 cast" in out
+    assert "document_masking=True" in out and "tuned settings     Loader(..., num_threads=" in out
 
 
 @pytest.mark.parametrize(("argv", "message"), [

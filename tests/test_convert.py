@@ -137,7 +137,7 @@ def test_nested_spans_and_document_metadata(tmp_path: Path) -> None:
     path = {"path": "a.py"}
     with open_dataset(tmp_path / "out") as ds:
         document = ds.documents().read([0])
-        window = ds.windows(8).read([1])  # tokens 8..16, "def" at 11
+        window = ds.windows(8, columns="all").read([1])  # tokens 8..16, "def" at 11
     assert document["metadata"][0] == [
         (0, n + 1, path), (0, n, "A"),  # the document's own metadata covers the EOS token too
         (f_start, n, "A.f"), (f_start, f_start + 3, "kw"),

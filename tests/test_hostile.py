@@ -65,7 +65,7 @@ def _edit(folder: Path, edit: Callable[[dict[str, Any]], Any]) -> None:
 
 def _read_all(folder: Path) -> None:
     ds = stream.open_dataset(folder)
-    windows = ds.windows(4)
+    windows = ds.windows(4, columns="all")
     for batch in (windows.read(np.arange(len(windows))),
                   ds.documents().read(np.arange(ds.num_documents))):
         if "metadata" in batch:
@@ -309,7 +309,7 @@ def test_empty_datasets_read_empty_batches(
         }))
     ds = stream.open_dataset(folder)
     assert ds.num_tokens == 0 and ds.num_documents == 0
-    windows, documents = ds.windows(8), ds.documents()
+    windows, documents = ds.windows(8, columns="all"), ds.documents()
     assert len(windows) == 0 and len(documents) == 0
     for source in (windows, documents):
         batch = source.read([])

@@ -58,7 +58,7 @@ def test_windows_and_documents_match_local(pair, s3):
         assert b.path == url and a.manifest == b.manifest
         assert len(b.manifest.shards) > 1
         rng = np.random.default_rng(0)
-        wa, wb = a.windows(128), b.windows(128)
+        wa, wb = a.windows(128, columns="all"), b.windows(128, columns="all")
         for _ in range(3):
             idx = rng.permutation(len(wa))[:16]
             _same(wa.read(idx), wb.read(idx))
@@ -84,7 +84,7 @@ def test_combine_into_the_same_store(pair, s3):
     combine([url, url], out, storage_options=options)
     with open_dataset(local) as a, open_dataset(out, storage_options=options) as b:
         assert b.num_tokens == 2 * a.num_tokens
-        wa, wb = a.windows(64), b.windows(64)
+        wa, wb = a.windows(64, columns="all"), b.windows(64, columns="all")
         idx = np.arange(len(wa) - 5, len(wa))
         _same(wa.read(idx), wb.read(idx))
     assert verify(out, storage_options=options) == []
@@ -95,7 +95,7 @@ def test_faults_at_20_percent_give_identical_batches(pair, s3, s3_proxy):
     options = s3.storage_options(s3_proxy.endpoint, retries=8)
     with open_dataset(local) as a, s3_proxy.faults(0.2, delay=0.01), \
             open_dataset(url, storage_options=options) as b:
-        wa, wb = a.windows(100), b.windows(100)
+        wa, wb = a.windows(100, columns="all"), b.windows(100, columns="all")
         rng = np.random.default_rng(1)
         for _ in range(4):
             idx = rng.permutation(len(wa))[:8]
@@ -107,7 +107,7 @@ def test_faults_at_100_percent_raise(pair, s3, s3_proxy):
     options = s3.storage_options(s3_proxy.endpoint, retries=2, budget=3.0)
     with open_dataset(url, storage_options=options) as b, \
             s3_proxy.faults(1.0, kinds=("503", "reset")), pytest.raises(StorageError, match=url):
-        b.windows(100).read(np.arange(8))
+        b.windows(100, columns="all").read(np.arange(8))
 
 
 def test_corrupt_and_truncated_remote_shards(pair, s3):
@@ -176,8 +176,8 @@ def test_offsets_are_read_by_block_never_whole(many_documents, s3, monkeypatch):
     options = {**s3.storage_options(), "block_size": 1024}
     with open_dataset(local) as a, open_dataset(url, storage_options=options) as b:
         size = b._storage.size("00000.docs")
-        idx = np.random.default_rng(0).integers(0, len(a.windows(64)), 8)
-        _same(a.windows(64).read(idx), b.windows(64).read(idx))
+        idx = np.random.default_rng(0).integers(0, len(a.windows(64, columns="all")), 8)
+        _same(a.windows(64, columns="all").read(idx), b.windows(64, columns="all").read(idx))
         docs = np.random.default_rng(1).integers(0, len(a.documents()), 8)
         _same(a.documents().read(docs), b.documents().read(docs))
         held = sum(block.size for (name, _), block in b._storage.blocks._blocks.items()
@@ -257,7 +257,7 @@ def test_version_1_metadata_by_range_matches_local(s3, block):
         assert not b.manifest.has_spans_table and b.has_metadata
         rng = np.random.default_rng(block)
         for seq_len in (2, 5, 11):
-            wa, wb = a.windows(seq_len), b.windows(seq_len)
+            wa, wb = a.windows(seq_len, columns="all"), b.windows(seq_len, columns="all")
             idx = rng.integers(0, len(wa), 10)
             _same(wa.read(idx), wb.read(idx))
         idx = rng.integers(0, len(a.documents()), 7)
@@ -315,8 +315,8 @@ def test_version_2_metadata_by_range_matches_local(annotated, s3, block, monkeyp
     with open_dataset(local) as a, \
             open_dataset(url, storage_options={**s3.storage_options(), "block_size": block}) as b:
         assert b.has_document_metadata and len(b.manifest.shards) > 1
-        idx = np.random.default_rng(block).integers(0, len(a.windows(32)), 8)
-        _same(a.windows(32).read(idx), b.windows(32).read(idx))
+        idx = np.random.default_rng(block).integers(0, len(a.windows(32, columns="all")), 8)
+        _same(a.windows(32, columns="all").read(idx), b.windows(32, columns="all").read(idx))
         held = {suffix: sum(data.size for (name, _), data in b._storage.blocks._blocks.items()
                             if name.endswith(suffix)) for suffix in META_FILES}
         sizes = {suffix: sum(b._storage.size(s.file(suffix)) for s in b.manifest.shards)
@@ -338,7 +338,7 @@ def test_version_2_blocks_of_any_size_give_local_batches(annotated, s3, seed, bl
     options = {**s3.storage_options(), "block_size": block, "cache_bytes": 8 * block}
     with open_dataset(local) as a, open_dataset(url, storage_options=options) as b:
         rng = np.random.default_rng(seed)
-        wa, wb = a.windows(seq_len), b.windows(seq_len)
+        wa, wb = a.windows(seq_len, columns="all"), b.windows(seq_len, columns="all")
         idx = rng.integers(0, len(wa), 10)
         _same(wa.read(idx), wb.read(idx))
         da, db = a.documents(max_len=seq_len), b.documents(max_len=seq_len)
@@ -351,8 +351,8 @@ def test_version_2_metadata_ranges_are_small(annotated, s3, s3_proxy):
     options = {**s3.storage_options(s3_proxy.endpoint), "block_size": 512, "coalesce": 0}
     with open_dataset(local) as a, open_dataset(url, storage_options=options) as b:
         s3_proxy.reset_counts()
-        idx = np.random.default_rng(3).integers(0, len(a.windows(32)), 8)
-        _same(a.windows(32).read(idx), b.windows(32).read(idx))
+        idx = np.random.default_rng(3).integers(0, len(a.windows(32, columns="all")), 8)
+        _same(a.windows(32, columns="all").read(idx), b.windows(32, columns="all").read(idx))
         gets = [r for r in s3_proxy.requests if r[0] == "GET" and ".meta." in r[1]]
         sizes = sum(b._storage.size(s.file(suffix)) for s in b.manifest.shards
                     for suffix in META_FILES)
@@ -407,7 +407,7 @@ def test_corrupt_remote_meta_spans_raise_as_local(annotated, s3, tmp_path, corru
     for location, options in ((local, {}), (url, {**s3.storage_options(), "block_size": 64})):
         with open_dataset(location, storage_options=options) as ds, \
                 pytest.raises(FormatError) as error:
-            ds.windows(16).read(windows)
+            ds.windows(16, columns="all").read(windows)
         errors.append(str(error.value))
     assert errors[0].replace(str(local), url) == errors[1]
     assert errors[1].startswith(f"{url}/{shard.name}.{names}")

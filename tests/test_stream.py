@@ -41,12 +41,16 @@ def _same_as_validated(batch: Batch) -> None:
 
 def _check_windows(ds: stream.Dataset, corpus: Corpus, seq_len: int, stride: int,
                    indices: np.ndarray) -> None:
-    windows = ds.windows(seq_len, stride=stride)
+    windows = ds.windows(seq_len, stride=stride, columns="all")
     batch = windows.read(indices)
     _same_as_validated(batch)
     assert batch.meta.global_indexes.tolist() == indices.tolist()
+    segments = 0  # seq_idx numbers the batch's segments row after row
     for row, i in enumerate(indices.tolist()):
         want = corpus.window(i * stride, seq_len)
+        np.testing.assert_array_equal(batch["seq_idx"][row], want["seq_idx"] + segments)
+        segments += len(want["cu_seqlens"]) - 1
+        assert batch["max_seqlen"][row] == want["max_seqlen"]
         np.testing.assert_array_equal(batch["input_ids"][row], want["input_ids"])
         np.testing.assert_array_equal(batch["labels"][row], want["labels"])
         np.testing.assert_array_equal(batch["position_ids"][row], want["position_ids"])
@@ -71,7 +75,7 @@ def test_windows_match_concatenation(tmp_path_factory: pytest.TempPathFactory, s
                  metadata="msgpack" if spans else None, shard_tokens=shard_tokens)
     with stream.open_dataset(path) as ds:
         count = len(corpus.tokens)
-        windows = ds.windows(seq_len, stride=stride)
+        windows = ds.windows(seq_len, stride=stride, columns="all")
         assert len(windows) == max(0, (count - seq_len - 1) // stride + 1)
         if len(windows):
             order = Feistel(len(windows), seed)(np.arange(len(windows)))
@@ -86,7 +90,7 @@ def test_windows_cross_documents_and_shards(tmp_path: Path) -> None:
     path = write(tmp_path / "ds", corpus, shard_tokens=4)
     ds = stream.open_dataset(path)
     assert len(ds.manifest.shards) == 3
-    batch = ds.windows(8, stride=3).read([1])
+    batch = ds.windows(8, stride=3, columns="all").read([1])
     assert batch["input_ids"][0].tolist() == [4, 5, 10, 11, 12, 20, 21, 22]
     assert batch["labels"][0].tolist() == [5, 10, 11, 12, 20, 21, 22, 23]
     assert batch["position_ids"][0].tolist() == [0, 1, 0, 1, 2, 0, 1, 2]
@@ -101,22 +105,22 @@ def test_token_dtypes(tmp_path: Path, dtype: str) -> None:
     corpus = random_corpus(np.random.default_rng(1), docs=5, max_len=20)
     ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None, mask=False,
                                    shard_tokens=16))
-    batch = ds.windows(8, dtype=dtype).read([0, 2])
+    batch = ds.windows(8, dtype=dtype, columns="all").read([0, 2])
     inputs, labels = batch["input_ids"], batch["labels"]
     assert inputs.dtype == {"int64": np.int64, "int32": np.int32, "stored": np.uint16}[dtype]
     np.testing.assert_array_equal(inputs[1], corpus.tokens[16:24])
     np.testing.assert_array_equal(labels[1], corpus.tokens[17:25])
     assert np.shares_memory(inputs, labels) == (dtype == "stored")
     _same_as_validated(batch)
-    _same_as_validated(ds.windows(8, dtype=dtype).read([]))
+    _same_as_validated(ds.windows(8, dtype=dtype, columns="all").read([]))
     assert batch.to_torch()["input_ids"].shape == (2, 8)
 
 
 def test_labels_false_and_short_dataset(tmp_path: Path) -> None:
     corpus = Corpus([np.arange(10)])
     ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None, mask=False))
-    assert len(ds.windows(10)) == 0
-    windows = ds.windows(10, labels=False)
+    assert len(ds.windows(10, columns="all")) == 0
+    windows = ds.windows(10, labels=False, columns="all")
     assert len(windows) == 1
     batch = windows.read([0])
     _same_as_validated(batch)
@@ -156,7 +160,7 @@ def test_document_metadata(tmp_path: Path) -> None:
     assert ds.documents().read([0, 1, 2])["metadata"] == [
         [(0, 3, {"url": "a"})], [], [(0, 1, ["b"])]
     ]
-    assert ds.windows(4).read([0])["metadata"] == [[(0, 3, {"url": "a"})]]
+    assert ds.windows(4, columns="all").read([0])["metadata"] == [[(0, 3, {"url": "a"})]]
 
 
 class _Upper:
@@ -192,7 +196,8 @@ def test_numpy_serializer(tmp_path: Path) -> None:
     value = np.arange(6, dtype=np.float32).reshape(2, 3)
     with stream.StreamWriter(tmp_path / "ds", metadata="numpy") as writer:
         writer.add_document([1, 2], spans=[(0, 2, value)])
-    [[(start, end, got)]] = stream.open_dataset(tmp_path / "ds").windows(1).read([0])["metadata"]
+    windows = stream.open_dataset(tmp_path / "ds").windows(1, columns=["metadata"])
+    [[(start, end, got)]] = windows.read([0])["metadata"]
     assert (start, end) == (0, 1)
     np.testing.assert_array_equal(got, value)
 
@@ -207,15 +212,15 @@ def test_u4_tokens_and_tokenizer(tmp_path: Path) -> None:
             writer.add_document([100_000])
     ds = stream.open_dataset(tmp_path / "b")
     assert ds.manifest.tokenizer == stream.Tokenizer("t", 100_000, 0, None)
-    assert ds.windows(2).read([0])["input_ids"].tolist() == [[99_999, 0]]
+    assert ds.windows(2, columns="all").read([0])["input_ids"].tolist() == [[99_999, 0]]
 
 
 def test_threads_read_concurrently(tmp_path: Path) -> None:
     corpus = random_corpus(np.random.default_rng(3), docs=40, max_len=50, spans=True)
     path = write(tmp_path / "ds", corpus, shard_tokens=64)
-    alone = stream.open_dataset(path).windows(16)
+    alone = stream.open_dataset(path).windows(16, columns="all")
     expected = [alone.read([i]) for i in range(len(alone))]
-    windows = stream.open_dataset(path).windows(16)  # files open and map under the threads
+    windows = stream.open_dataset(path).windows(16, columns="all")  # files open under the threads
 
     def check(batch: Any, row: int, i: int) -> None:
         np.testing.assert_array_equal(batch["input_ids"][row], expected[i]["input_ids"][0])
@@ -252,14 +257,14 @@ def test_empty_dataset(tmp_path: Path) -> None:
     with stream.StreamWriter(tmp_path / "ds", metadata="msgpack"):
         pass
     ds = stream.open_dataset(tmp_path / "ds")
-    assert (ds.num_tokens, len(ds.windows(4)), len(ds.documents())) == (0, 0, 0)
+    assert (ds.num_tokens, len(ds.windows(4, columns="all")), len(ds.documents())) == (0, 0, 0)
     assert stream.verify(tmp_path / "ds") == []
 
 
 def test_closed_dataset_refuses_reads(tmp_path: Path) -> None:
     ds = stream.open_dataset(write(tmp_path / "ds", Corpus([np.arange(20)]), metadata=None,
                                    mask=False))
-    windows = ds.windows(4)
+    windows = ds.windows(4, columns="all")
     windows.read([0])
     ds.close()
     ds.close()
@@ -269,7 +274,8 @@ def test_closed_dataset_refuses_reads(tmp_path: Path) -> None:
 
 def test_batch_buffers_recycled_only_when_unused(tmp_path: Path) -> None:
     corpus = random_corpus(np.random.default_rng(9), docs=20, max_len=50)
-    windows = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None)).windows(16)
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None))
+    windows = ds.windows(16, columns="all")
     first = windows.read([0, 1])
     kept = first["input_ids"].copy()
     second = windows.read([2, 3])
@@ -290,7 +296,7 @@ def test_documents_survive_later_reads(tmp_path: Path) -> None:
     kept = [ds.documents(dtype=dtype).read([3, 1]) for dtype in ("int64", "int32", "stored")]
     for i in range(20):
         ds.documents().read([i % 10])
-        ds.windows(8).read([i % len(ds.windows(8))])
+        ds.windows(8, columns="all").read([i % len(ds.windows(8))])
     for batch in kept:
         np.testing.assert_array_equal(batch["input_ids"][0], corpus.docs[3])
         np.testing.assert_array_equal(batch["input_ids"][1], corpus.docs[1])
@@ -301,7 +307,7 @@ def test_many_spans_per_window(tmp_path: Path) -> None:
         for d in range(3):
             writer.add_document(np.arange(600) % 50,
                                 spans=[(t, t + 1, d * 1000 + t) for t in range(0, 600, 2)])
-    windows = stream.open_dataset(tmp_path / "ds").windows(500, stride=250)
+    windows = stream.open_dataset(tmp_path / "ds").windows(500, stride=250, columns="all")
     batch = windows.read(np.arange(len(windows)))
     for row, i in enumerate(range(len(windows))):
         start = i * 250
@@ -318,19 +324,19 @@ def test_both_storage_methods_read_the_same(tmp_path: Path, method: str) -> None
     path = write(tmp_path / "ds", corpus, metadata="msgpack", shard_tokens=1000)
     storage = LocalStorage(path, method=method)  # type: ignore[arg-type]
     with stream.open_dataset(path, storage=storage) as ds:
-        windows = ds.windows(64, stride=50)
+        windows = ds.windows(64, stride=50, columns="all")
         _check_windows(ds, corpus, 64, 50, Feistel(len(windows), 3)(np.arange(len(windows))))
 
 
-_ALL_WINDOW_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "doc_ids",
-                       "loss_mask", "metadata")
+_ALL_WINDOW_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen",
+                       "seq_idx", "doc_ids", "loss_mask", "metadata")
 
 
 @settings(max_examples=20, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), shard_tokens=st.integers(1, 80),
        seq_len=st.integers(1, 40), stride=st.integers(1, 50),
        dtype=st.sampled_from(["int64", "int32", "stored"]), spans=st.booleans(),
-       picks=st.lists(st.sampled_from(_ALL_WINDOW_COLUMNS), min_size=1, max_size=7))
+       picks=st.lists(st.sampled_from(_ALL_WINDOW_COLUMNS), min_size=1, max_size=9))
 def test_window_columns_on_request(tmp_path_factory: pytest.TempPathFactory, seed: int,
                                    shard_tokens: int, seq_len: int, stride: int, dtype: str,
                                    spans: bool, picks: list[str]) -> None:
@@ -341,7 +347,7 @@ def test_window_columns_on_request(tmp_path_factory: pytest.TempPathFactory, see
                  metadata="msgpack" if spans else None, shard_tokens=shard_tokens)
     ds = stream.open_dataset(path)
     picks = [name for name in picks if spans or name != "metadata"] or ["labels"]
-    full = ds.windows(seq_len, stride=stride, dtype=dtype)
+    full = ds.windows(seq_len, stride=stride, dtype=dtype, columns="all")
     some = ds.windows(seq_len, stride=stride, dtype=dtype, columns=picks)
     assert some.columns == tuple(name for name in full.columns if name in picks)
     if not len(full):
@@ -394,7 +400,7 @@ def test_tokens_only_never_read_document_offsets(tmp_path: Path) -> None:
     assert info.value.field == "offsets"
 
 
-_TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
+_TOKEN_COLUMNS = ("input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen", "seq_idx")
 
 
 @settings(max_examples=30, deadline=None)
@@ -402,7 +408,7 @@ _TOKEN_COLUMNS = ("input_ids", "labels", "position_ids")
        seq_len=st.integers(1, 40), stride=st.integers(1, 50),
        method=st.sampled_from(["pread", "mmap"]), dtype=st.sampled_from(["int64", "int32"]),
        stored=st.sampled_from(["<u2", "<u4"]),
-       picks=st.lists(st.sampled_from(_TOKEN_COLUMNS), min_size=1, max_size=3))
+       picks=st.lists(st.sampled_from(_TOKEN_COLUMNS), min_size=1, max_size=6))
 def test_direct_windows_match_model(tmp_path_factory: pytest.TempPathFactory, seed: int,
                                     shard_tokens: int, seq_len: int, stride: int, method: str,
                                     dtype: str, stored: str, picks: list[str]) -> None:
@@ -419,7 +425,7 @@ def test_direct_windows_match_model(tmp_path_factory: pytest.TempPathFactory, se
     ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))  # type: ignore[arg-type]
     some = ds.windows(seq_len, stride=stride, dtype=dtype, columns=picks)
     assert some._direct
-    full = ds.windows(seq_len, stride=stride, dtype=dtype)
+    full = ds.windows(seq_len, stride=stride, dtype=dtype, columns="all")
     if not len(full):
         return
     indices = rng.integers(0, len(full), size=int(rng.integers(0, 9)))
@@ -429,8 +435,10 @@ def test_direct_windows_match_model(tmp_path_factory: pytest.TempPathFactory, se
     for row, i in enumerate(indices.tolist()):
         model = corpus.window(i * stride, seq_len)
         for name in got.fields:
-            assert got[name].dtype == np.dtype(dtype)
-            np.testing.assert_array_equal(got[name][row], model[name])
+            if name in _TOKEN_COLUMNS[:3]:
+                assert got[name].dtype == np.dtype(dtype)
+            if name in ("input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen"):
+                np.testing.assert_array_equal(got[name][row], model[name])
             np.testing.assert_array_equal(got[name][row], want[name][row])
 
 
@@ -466,7 +474,10 @@ def test_direct_windows_from_threads(tmp_path: Path, method: str) -> None:
     def check(batch: Any, row: int, i: int) -> None:
         model = corpus.window(i * 16, 16)
         for name in _TOKEN_COLUMNS:
-            np.testing.assert_array_equal(batch[name][row], model[name])
+            got = batch[name][row]
+            if name == "seq_idx":  # numbered over the batch: from the row's first segment
+                got = got - got[0]
+            np.testing.assert_array_equal(got, model[name])
 
     _read_from_threads(windows, check)
 
@@ -490,3 +501,132 @@ def test_typed_tables_of_none_one_and_several() -> None:
     assert numba.typeof(mixed) == numba.typeof(got)  # one list type: one compile, cached
     assert not mixed[0].flags.writeable and writable.flags.writeable
     assert mixed[0].ctypes.data == writable.ctypes.data
+
+
+def test_default_columns_and_document_masking(tmp_path: Path) -> None:
+    """The default is what a pre-training step uses; document masking is one
+    argument away, and a missing column's error names that argument."""
+    corpus = random_corpus(np.random.default_rng(7), docs=8, max_len=30)
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None))
+    assert ds.windows(8).columns == ("input_ids", "labels", "loss_mask")
+    assert ds.windows(8, document_masking=True).columns == (
+        "input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen", "loss_mask")
+    assert ds.windows(8, columns=["seq_idx"], document_masking=True).columns == (
+        "position_ids", "cu_seqlens", "max_seqlen", "seq_idx")
+    batch = ds.windows(8).read([0, 1])
+    with pytest.raises(KeyError, match=r"'cu_seqlens'.*document_masking=True"):
+        batch["cu_seqlens"]
+    with pytest.raises(KeyError, match=r"'doc_ids'.*columns=\(\.\.\., 'doc_ids'\)"):
+        batch["doc_ids"]
+    with pytest.raises(ValueError, match="document_masking"):
+        ds.windows(8, document_masking="yes")  # type: ignore[arg-type]
+
+
+@_settings
+@given(seed=st.integers(0, 2**32 - 1), seq_len=st.integers(1, 40),
+       mask=st.booleans(), shard_tokens=st.integers(1, 80),
+       dtype=st.sampled_from(["int64", "int32"]))
+def test_aligned_labels(tmp_path_factory: pytest.TempPathFactory, seed: int, seq_len: int,
+                        mask: bool, shard_tokens: int, dtype: str) -> None:
+    """``labels="aligned"``: labels are the input ids with -100 at each
+    document's first token and wherever the loss mask is 0, on the direct
+    path (tokens only) and the buffered one (with a loss_mask field)."""
+    rng = np.random.default_rng(seed)
+    corpus = random_corpus(rng, docs=10, max_len=30)
+    if not mask:
+        corpus.masks[:] = [np.ones_like(m) for m in corpus.masks]
+    path = write(tmp_path_factory.mktemp("ds") / "ds", corpus, metadata=None, mask=mask,
+                 shard_tokens=shard_tokens)
+    ds = stream.open_dataset(path)
+    windows = ds.windows(seq_len, labels="aligned", dtype=dtype, document_masking=True)
+    assert windows.labels == "aligned" and windows._direct is not mask
+    assert len(windows) == (ds.num_tokens - seq_len) // seq_len + 1
+    indices = rng.integers(0, len(windows), size=5) if len(windows) else np.zeros(0, np.int64)
+    batch = windows.read(indices)
+    _same_as_validated(batch)
+    for row, i in enumerate(indices.tolist()):
+        model = corpus.window(i * seq_len, seq_len)
+        np.testing.assert_array_equal(batch["labels"][row], model["aligned_labels"])
+        np.testing.assert_array_equal(batch["input_ids"][row], model["input_ids"])
+        np.testing.assert_array_equal(batch["position_ids"][row], model["position_ids"])
+    alone = ds.windows(seq_len, labels="aligned", dtype=dtype).read(indices)
+    np.testing.assert_array_equal(alone["labels"], batch["labels"])
+    assert windows.fingerprint != ds.windows(seq_len).fingerprint
+
+
+def test_aligned_labels_refuse_stored_and_unknown(tmp_path: Path) -> None:
+    corpus = random_corpus(np.random.default_rng(8), docs=4, max_len=20)
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None))
+    with pytest.raises(ValueError, match="not 'stored'"):
+        ds.windows(4, labels="aligned", dtype="stored")
+    with pytest.raises(ValueError, match=r"'shifted'.*'aligned'"):
+        ds.windows(4, labels="hf")
+    assert ds.windows(4, labels=True).labels == "shifted"
+
+
+def test_loader_outputs_the_varlen_contract(tmp_path: Path) -> None:
+    """torch and numpy outputs: one flat int32 cu_seqlens over the flattened
+    batch, a host int max_seqlen, no nested tensors, and no warning."""
+    import warnings
+
+    import torch
+
+    from zerobatch import Loader
+
+    corpus = random_corpus(np.random.default_rng(9), docs=40, max_len=30)
+    ds = stream.open_dataset(write(tmp_path / "ds", corpus, metadata=None))
+    windows = ds.windows(16, document_masking=True, columns=["seq_idx"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for output in ("torch", "numpy"):
+            with Loader(windows, 4, seed=1, output=output) as loader:  # type: ignore[arg-type]
+                for step, got in enumerate(loader):
+                    indices = loader.plan.indices(0, step * 4, 0)[0]
+                    cu = np.asarray(got["cu_seqlens"])
+                    assert cu.dtype == np.int32 and cu[0] == 0 and cu[-1] == 4 * 16
+                    assert not isinstance(got["cu_seqlens"], torch.Tensor) or \
+                        not got["cu_seqlens"].is_nested
+                    want = [0]
+                    for row, i in enumerate(indices.tolist()):
+                        model = corpus.window(i * 16, 16)
+                        want += (model["cu_seqlens"][1:] + row * 16).tolist()
+                    assert cu.tolist() == want
+                    assert got["max_seqlen"] == int(np.diff(cu).max())
+                    assert isinstance(got["max_seqlen"], int)
+                    flat = np.asarray(got["seq_idx"]).reshape(-1)
+                    np.testing.assert_array_equal(
+                        flat, np.repeat(np.arange(len(cu) - 1), np.diff(cu)))
+                    np.testing.assert_array_equal(
+                        np.asarray(got["position_ids"]).reshape(-1),
+                        np.arange(64) - np.repeat(cu[:-1], np.diff(cu)))
+        with Loader(ds.windows(16), 4) as loader:
+            got = next(iter(loader))
+            assert list(got) == ["input_ids", "labels", "loss_mask"]
+            with pytest.raises(KeyError, match="document_masking=True"):
+                got["position_ids"]
+
+
+def test_token_ids_that_do_not_fit_the_output_dtype(tmp_path: Path) -> None:
+    """A ``<u4`` id >= 2**31 read as int32 raises FormatError naming the token
+    file and the record, on both read paths; int64 reads it."""
+    from zerobatch.errors import FormatError
+
+    corpus = random_corpus(np.random.default_rng(10), docs=6, max_len=20, vocab=2**31)
+    big = 2**32 - 7
+    corpus.docs[2][3] = big
+    at = sum(map(len, corpus.docs[:2])) + 3
+    for mask in (False, True):  # the direct path, then the buffered one (a field)
+        path = write(tmp_path / f"ds{mask}", corpus, metadata=None, mask=mask,
+                     token_dtype="<u4")
+        ds = stream.open_dataset(path)
+        windows = ds.windows(4, dtype="int32")
+        window = at // 4
+        with pytest.raises(FormatError, match=rf"token id {big} at record {at} .*int32.*"
+                                              "dtype='int64'") as info:
+            windows.read([0, window])
+        assert info.value.path is not None and str(info.value.path).endswith("00000.tokens")
+        with pytest.raises(FormatError, match=str(big)):
+            ds.windows(4, dtype="int32", document_masking=True).read([window])
+        assert windows.read([0])["input_ids"].dtype == np.int32  # other windows read
+        assert ds.windows(4).read([window])["input_ids"][0, at % 4] == big
+        assert ds.windows(4, dtype="stored").read([window])["input_ids"][0, at % 4] == big

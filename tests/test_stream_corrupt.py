@@ -46,8 +46,8 @@ def _read_all(path: Path) -> None:
     ds = stream.open_dataset(path)
     positions = ds.windows(8, columns=("position_ids",))
     positions.read(np.arange(len(positions)))
-    ds.windows(1, labels=False).read(np.arange(ds.num_tokens))
-    for batch in (ds.windows(8).read(np.arange(len(ds.windows(8)))),
+    ds.windows(1, labels=False, columns="all").read(np.arange(ds.num_tokens))
+    for batch in (ds.windows(8, columns="all").read(np.arange(len(ds.windows(8)))),
                   ds.documents().read(np.arange(ds.num_documents))):
         if "metadata" in batch:
             assert all(len(list(spans)) == len(spans) for spans in batch["metadata"])
@@ -81,7 +81,7 @@ def test_truncated_file_read_after_open(dataset: Path) -> None:
     tokens = dataset / "00000.tokens"
     tokens.write_bytes(tokens.read_bytes()[:100])
     with pytest.raises(FormatError, match=r"00000\.tokens.*truncated"):
-        ds.windows(8).read([len(ds.windows(8)) - 1])
+        ds.windows(8, columns="all").read([len(ds.windows(8)) - 1])
 
 
 @pytest.mark.parametrize("suffix", ["meta.data", "meta.index", "meta.spans", "docs"])
@@ -91,7 +91,7 @@ def test_offsets_or_data_truncated_after_open(dataset: Path, suffix: str, cut: i
     target = dataset / f"00000.{suffix}"
     target.write_bytes(target.read_bytes()[:-cut])
     with pytest.raises(FormatError, match=rf"00000\.{suffix}") as info:
-        ds.windows(8).read([0])
+        ds.windows(8, columns="all").read([0])
     fields = {"meta.data": "bytes", "meta.spans": "rows"}
     assert info.value.field == fields.get(suffix, "offsets")
 
@@ -146,7 +146,7 @@ def test_metadata_id_inside_a_run(dataset: Path, pick: float) -> None:
     checked only if a probe lands on it: the read then fails, else its output is
     unchanged. verify reads every id and always reports it."""
     ds = stream.open_dataset(dataset)
-    windows = ds.windows(8)
+    windows = ds.windows(8, columns="all")
     before = [s.tolist() for s in windows.read(np.arange(len(windows)))["metadata"]]
     records = np.memmap(dataset / "00000.tokens", dtype=ds.manifest.record_dtype, mode="r+")
     ids = records["meta_id"]
@@ -154,7 +154,7 @@ def test_metadata_id_inside_a_run(dataset: Path, pick: float) -> None:
                             & (ids[1:-1] != 2**32 - 1)) + 1
     records["meta_id"][inside[round(pick * (len(inside) - 1))]] = 10**6
     records.flush()
-    again = stream.open_dataset(dataset).windows(8)
+    again = stream.open_dataset(dataset).windows(8, columns="all")
     try:
         assert again.read(np.arange(len(again)))["metadata"] == before
     except FormatError as error:

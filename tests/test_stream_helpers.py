@@ -46,11 +46,19 @@ class Corpus:
         positions = np.arange(seq_len) - cut[np.cumsum(new) - 1]
         spans = [(max(a, start) - start, min(b, start + seq_len) - start, v)
                  for a, b, v in self.global_spans() if a < start + seq_len and b > start]
+        starts = np.zeros(len(self.tokens), dtype=bool)
+        starts[np.cumsum([0, *map(len, self.docs)])[:-1]] = True  # each document's first token
+        mask = np.concatenate(self.masks) if self.masks else np.ones(0, np.uint8)
+        aligned = self.tokens[start : start + seq_len].copy()
+        aligned[starts[start : start + seq_len] | (mask[start : start + seq_len] == 0)] = -100
         return {
             "input_ids": self.tokens[start : start + seq_len],
             "labels": self.tokens[start + 1 : start + seq_len + 1],
+            "aligned_labels": aligned,
             "position_ids": positions,
             "cu_seqlens": np.append(cut, seq_len),
+            "max_seqlen": int(np.diff(np.append(cut, seq_len)).max()),
+            "seq_idx": np.cumsum(new) - 1,
             "doc_ids": doc[cut],
             "metadata": spans,
         }

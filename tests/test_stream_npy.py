@@ -50,3 +50,30 @@ def test_open_dataset_accepts_a_npy_folder(tmp_path: Path) -> None:
         tokens.windows(5, dtype="float32")
     assert windows.fingerprint != tokens.windows(4).fingerprint
     tokens.close()
+
+
+@pytest.mark.parametrize(("stored", "value", "dtype", "message"), [
+    ("<i2", -3, "int64", "negative"),
+    ("<i8", -(2**40), "int32", "negative"),
+    ("<u8", 2**63, "int64", "dtype='stored'"),
+    ("<u8", 2**31, "int32", "dtype='int64'"),
+    ("<i4", 2**31 - 1, "int32", None),  # fits: no error
+])
+def test_token_ids_that_do_not_fit_raise(tmp_path: Path, stored: str, value: int, dtype: str,
+                                         message: str | None) -> None:
+    """An id the output dtype cannot hold (or a negative one) raises FormatError
+    naming the file and the record, checked in the cast's own pass."""
+    from zerobatch.errors import FormatError
+
+    np.save(tmp_path / "0.npy", np.arange(10, dtype=stored))
+    tokens = np.arange(10, 20).astype(stored)
+    tokens[3] = value
+    np.save(tmp_path / "1.npy", tokens)
+    windows = open_npy(tmp_path).windows(4, dtype=dtype)
+    assert windows.read([0, 1])["input_ids"].tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    if message is None:
+        assert windows.read([3])["input_ids"][0, 1] == value
+        return
+    with pytest.raises(FormatError, match=rf"token id {value} at record 3 .*{message}") as info:
+        windows.read([0, 3])  # stream token 13: record 3 of 1.npy
+    assert str(info.value.path).endswith("1.npy")

@@ -65,7 +65,7 @@ def _write(path: Path, documents: list[Document], **options: Any) -> stream.Data
 def _check_reads(ds: stream.Dataset, documents: list[Document], seq_len: int, stride: int,
                  *, document_column: bool) -> None:
     entries = _entries(documents)
-    windows = ds.windows(seq_len, stride=stride)
+    windows = ds.windows(seq_len, stride=stride, columns="all")
     order = np.arange(len(windows))[::-1]  # any order: reversed
     batch = windows.read(order)
     for row, i in enumerate(order.tolist()):
@@ -132,7 +132,7 @@ def test_nested_and_overlapping_verify_and_combine(tmp_path: Path) -> None:
         for seq_len, stride in ((1, 1), (7, 3), (40, 1)):
             _check_reads(ds, nested, seq_len, stride, document_column=True)
     assert stream.verify(tmp_path / "all") == []
-    batch = whole.windows(8).read([1])  # tokens 8..16 of the nested document
+    batch = whole.windows(8, columns="all").read([1])  # tokens 8..16 of the nested document
     assert batch["metadata"][0] == [(0, 8, {"path": "a.py"}), (0, 8, "class"),
                                     (0, 2, "method 1"), (0, 6, "crosses both methods"),
                                     (4, 8, "method 2"), (4, 8, "same extent as method 2")]

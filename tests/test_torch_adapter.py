@@ -21,7 +21,7 @@ def windows(tmp_path_factory: pytest.TempPathFactory):
     with StreamWriter(folder) as writer:
         for _ in range(100):
             writer.add_document(rng.integers(0, 500, size=int(rng.integers(3, 40))))
-    return open_dataset(folder).windows(8)
+    return open_dataset(folder).windows(8, columns="all")
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -139,7 +139,8 @@ def test_spawned_workers_over_s3(s3):
     with StreamWriter(url, storage_options=options) as writer:
         for _ in range(60):
             writer.add_document(rng.integers(0, 500, size=int(rng.integers(3, 40))))
-    windows = open_dataset(url, storage_options={**options, "block_size": 64}).windows(8)
+    dataset = open_dataset(url, storage_options={**options, "block_size": 64})
+    windows = dataset.windows(8, document_masking=True)
     expected = [b["position_ids"] for b in Loader(windows, 4, seed=5)]
     data = torch.utils.data.DataLoader(LoaderDataset(Loader(windows, 4, seed=5)),
                                        batch_size=None, num_workers=2,

@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CASTS", "STORED", "output_dtype"]
+from zerobatch.errors import FormatError
+
+__all__ = ["CASTS", "STORED", "id_bounds", "output_dtype", "token_error"]
 
 STORED = "stored"
 """The spelling that keeps the dataset's stored dtype (no cast)."""
@@ -51,3 +53,31 @@ def _name(value: Any) -> str | None:
     except (TypeError, ValueError):
         return None
     return dtype.name if dtype.isnative else None
+
+
+def id_bounds(stored: np.dtype, out: np.dtype | None) -> np.ndarray:
+    """The smallest and largest token id ``out`` holds, as two values of
+    ``stored``; empty when every ``stored`` value fits (no check needed)."""
+    if out is None:
+        return np.empty(0, stored)
+    have, hold = np.iinfo(stored), np.iinfo(out)
+    low, high = max(have.min, 0), min(have.max, hold.max)  # a token id is never negative
+    if (low, high) == (have.min, have.max):
+        return np.empty(0, stored)
+    return np.array([low, high], stored)
+
+
+def token_error(
+    path: Any, field: str, value: int, record: int, stored: np.dtype, out: np.dtype
+) -> FormatError:
+    """The error for token id ``value`` at ``record`` of file ``path``: it does
+    not fit ``out``."""
+    if value < 0:
+        return FormatError(f"token id {value} at record {record} is negative (stored as "
+                           f"{stored.str}); token ids must be >= 0: the file is corrupt, or "
+                           "was written with a signed dtype by mistake", path=path, field=field)
+    wider = "int64" if out.itemsize < 8 else None
+    hint = (f"read with dtype='{wider}'" if wider else
+            "ids this large need dtype='stored' (no cast)")
+    return FormatError(f"token id {value} at record {record} does not fit the output "
+                       f"dtype {out.name}; {hint}", path=path, field=field)

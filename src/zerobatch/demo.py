@@ -261,11 +261,12 @@ def _kill_and_resume(args: argparse.Namespace, reference: list[list[int]]) -> bo
 def _show_window(dataset: Path, tokenizer: Path, seq_len: int) -> None:
     from tokenizers import Tokenizer
 
-    from zerobatch.stream import open_dataset
+    from zerobatch.stream import Dataset, open_dataset
 
     tok = Tokenizer.from_file(str(tokenizer))
     with open_dataset(dataset) as ds:
-        windows = ds.windows(seq_len)
+        assert isinstance(ds, Dataset)  # written by convert: a manifest, not .npy files
+        windows = ds.windows(seq_len, columns=("input_ids", "metadata", "document_metadata"))
         for index in range(len(windows) // 3, len(windows)):
             batch = windows.read([index])
             documents = batch["document_metadata"][0]

@@ -55,6 +55,15 @@ not its segment's first token.
 >>> cols["labels"].tolist(), cols["seq_idx"].tolist()
 ([[-100, 6, 7, -100, -100]], [[0, 0, 0, 1, 2]])
 
+Unpacked windows (``TokenWindows`` with ``document_masking=True``) carry the
+same columns, computed by the read kernel; there every row is full (no
+padding segment). In their ``Batch`` every column has one entry per row:
+``cu_seqlens`` is a ``Jagged`` int32 of each row's segment starts then
+``seq_len`` (row coordinates) and ``max_seqlen`` an int32 ``[B]`` of each
+row's longest segment, so selecting, splitting and joining rows keeps them
+right; :func:`row_columns` turns them into the contract's shapes
+(``TokenWindows.collate``, which the Loader calls).
+
 Thread-safe (pure functions). Cost: O(B * seq_len).
 """
 
@@ -69,7 +78,8 @@ from numba import njit
 
 from zerobatch.columnar import Jagged
 
-__all__ = ["IGNORE_INDEX", "LABEL_MODES", "OUTPUTS", "segment_layout", "to_output",
+__all__ = ["COLUMN_HINTS", "IGNORE_INDEX", "LABEL_MODES", "OUTPUTS", "Columns",
+           "flat_cu_seqlens", "missing_column", "row_columns", "segment_layout", "to_output",
            "varlen_columns"]
 
 IGNORE_INDEX = -100
@@ -331,3 +341,79 @@ def to_output(columns: Mapping[str, Any], output: str,
         out = {name: torch.from_numpy(np.ascontiguousarray(value))
                if isinstance(value, np.ndarray) else value for name, value in out.items()}
     return out
+
+
+COLUMN_HINTS = {
+    "position_ids": "document_masking=True",
+    "cu_seqlens": "document_masking=True",
+    "max_seqlen": "document_masking=True",
+    "seq_idx": "columns=(..., 'seq_idx')",
+    "doc_ids": "columns=(..., 'doc_ids')",
+    "metadata": "columns=(..., 'metadata')",
+    "document_metadata": "columns=(..., 'document_metadata')",
+}
+"""For each column a source computes only on request, the argument of
+``windows()`` that adds it (named by the error for a missing column)."""
+
+
+def missing_column(name: object, fields: Any) -> str:
+    """The message for a column ``name`` a batch of ``fields`` lacks."""
+    message = f"no column {name!r}; the batch has {', '.join(map(str, fields))}"
+    hint = COLUMN_HINTS.get(name) if isinstance(name, str) else None
+    if hint is not None:
+        message += f". Pass {hint} to dataset.windows(...) to compute it"
+    return message
+
+
+class Columns(dict[str, Any]):
+    """The dict a Loader yields (torch and numpy outputs): a plain ``dict`` whose
+    missing key raises a ``KeyError`` naming the argument that adds it."""
+
+    __slots__ = ()
+
+    def __missing__(self, name: str) -> Any:
+        raise KeyError(missing_column(name, self.keys()))
+
+
+@njit(nogil=True, cache=True)
+def _flatten(values: np.ndarray, offsets: np.ndarray, seq_len: int) -> np.ndarray:
+    rows = offsets.shape[0] - 1
+    flat = np.empty(offsets[rows] - offsets[0] - rows + 1, np.int32)
+    q = 0
+    for b in range(rows):
+        base = b * seq_len
+        for i in range(offsets[b], offsets[b + 1] - 1):  # the row's segment starts
+            flat[q] = base + values[i]
+            q += 1
+    flat[q] = rows * seq_len
+    return flat
+
+
+def flat_cu_seqlens(
+    rows: Jagged, seq_len: int | None = None
+) -> npt.NDArray[np.int32]:
+    """One int32 ``cu_seqlens`` over the flattened batch from per-row ones (each
+    row: its segment starts, then ``seq_len``; ``seq_len`` defaults to the first
+    row's last value). Cost: O(segments), one small allocation."""
+    if len(rows) == 0:
+        return np.zeros(1, np.int32)
+    if seq_len is None:
+        seq_len = int(rows.values[rows.offsets[1] - 1])
+    return _flatten(rows.values, rows.offsets, seq_len)
+
+
+def row_columns(columns: Mapping[str, Any]) -> Columns:
+    """A window batch's columns (``Batch.to_numpy``) in the contract's shapes:
+    per-row ``cu_seqlens`` flattened (``flat_cu_seqlens``), per-row
+    ``max_seqlen`` one host int; every other column shared. Cost: O(columns +
+    segments)."""
+    columns = Columns(columns)
+    rows = columns.get("cu_seqlens")
+    if isinstance(rows, Jagged):
+        inputs = columns.get("input_ids")
+        seq_len = inputs.shape[1] if isinstance(inputs, np.ndarray) and inputs.ndim == 2 else None
+        columns["cu_seqlens"] = flat_cu_seqlens(rows, seq_len)
+    longest = columns.get("max_seqlen")
+    if isinstance(longest, np.ndarray) and longest.ndim == 1:
+        columns["max_seqlen"] = int(longest.max()) if longest.shape[0] else 0
+    return columns

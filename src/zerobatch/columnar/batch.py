@@ -22,7 +22,7 @@ from zerobatch.columnar.meta import BatchMeta, chunk_bounds
 from zerobatch.columnar.schema import Column, FieldSchema, normalize_column
 from zerobatch.columnar.views import PartitionIds
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "columns_to_torch"]
 
 
 class Batch:
@@ -104,7 +104,9 @@ class Batch:
         try:
             return self._columns[name]
         except KeyError:
-            raise KeyError(f"no field {name!r}; fields are {self.fields}") from None
+            from zerobatch.varlen import missing_column  # it imports this module
+
+            raise KeyError(missing_column(name, self.fields)) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._columns
@@ -137,42 +139,8 @@ class Batch:
         over received frames are read-only memory: do not write into them.
         Cost: O(F), plus the copies asked for.
         """
-        if jagged not in ("nested", "offsets"):
-            raise ValueError(f"jagged must be 'nested' or 'offsets', got {jagged!r}")
-        import torch
-
-        def tensor(array: np.ndarray) -> Any:
-            if any(s < 0 for s in array.strides):
-                array = np.ascontiguousarray(array)  # torch cannot view negative strides
-            if array.flags.writeable:  # the usual case: no warnings state to touch (~3 us)
-                out = torch.from_numpy(array)
-            else:
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore",
-                                            message="The given NumPy array is not writable")
-                    out = torch.from_numpy(array)
-            if pin_memory:
-                out = out.pin_memory()
-            if device is not None:
-                out = out.to(device, non_blocking=pin_memory)
-            return out
-
-        result: dict[str, Any] = {}
-        for name, column in self._columns.items():
-            if isinstance(column, list):
-                result[name] = column
-            elif isinstance(column, Jagged):
-                compact = column.compact()
-                values = tensor(np.ascontiguousarray(compact.values))
-                offsets = tensor(compact.offsets)
-                if jagged == "offsets":
-                    result[name] = (values, offsets)
-                else:
-                    _quiet_fx_notice()
-                    result[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
-            else:
-                result[name] = tensor(column)
-        return result
+        return columns_to_torch(self._columns, pin_memory=pin_memory, device=device,
+                                jagged=jagged)
 
     def select(self, indices: Any) -> Batch:
         """The samples at positions ``indices`` (ints, mask or slice), in that order.
@@ -284,3 +252,50 @@ def _quiet_fx_notice() -> None:
 
 
 _fx_notice_spent = False
+
+
+def columns_to_torch(
+    columns: Mapping[str, Any],
+    *,
+    pin_memory: bool = False,
+    device: Any = None,
+    jagged: Literal["nested", "offsets"] = "nested",
+) -> dict[str, Any]:
+    """``Batch.to_torch`` of a name -> column mapping (ndarrays, ``Jagged``,
+    lists); anything else (a host int) is passed through as it is."""
+    if jagged not in ("nested", "offsets"):
+        raise ValueError(f"jagged must be 'nested' or 'offsets', got {jagged!r}")
+    import torch
+
+    def tensor(array: np.ndarray) -> Any:
+        if any(s < 0 for s in array.strides):
+            array = np.ascontiguousarray(array)  # torch cannot view negative strides
+        if array.flags.writeable:  # the usual case: no warnings state to touch (~3 us)
+            out = torch.from_numpy(array)
+        else:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore",
+                                        message="The given NumPy array is not writable")
+                out = torch.from_numpy(array)
+        if pin_memory:
+            out = out.pin_memory()
+        if device is not None:
+            out = out.to(device, non_blocking=pin_memory)
+        return out
+
+    result: dict[str, Any] = {}
+    for name, column in columns.items():
+        if isinstance(column, np.ndarray):
+            result[name] = tensor(column)
+        elif isinstance(column, Jagged):
+            compact = column.compact()
+            values = tensor(np.ascontiguousarray(compact.values))
+            offsets = tensor(compact.offsets)
+            if jagged == "offsets":
+                result[name] = (values, offsets)
+            else:
+                _quiet_fx_notice()
+                result[name] = torch.nested.nested_tensor_from_jagged(values, offsets)
+        else:
+            result[name] = column
+    return result

@@ -17,6 +17,14 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 
 from zerobatch.storage.local import prefetch_request, read_request
+from zerobatch.stream.manifest import (
+    DOCS,
+    META_ID,
+    META_INDEX,
+    META_SPANS,
+    NO_METADATA,
+    TOKENS,
+)
 
 __all__ = [
     "BAD_DOCS",
@@ -25,25 +33,39 @@ __all__ = [
     "BAD_SPANS",
     "META_ORDER",
     "OK",
+    "SPANS_META_ORDER",
     "SPAN_CROSSES",
     "SPAN_ORDER",
+    "STATUS",
     "annotation_spans",
     "meta_spans",
+    "no_segments",
     "plan_documents",
     "plan_windows",
     "read_requests",
-    "read_window_positions",
-    "read_window_tokens",
+    "read_windows",
     "span_rows_status",
     "window_columns",
     "window_columns_meta",
-    "window_positions",
+    "window_segments",
     "window_tokens",
 ]
 
 OK, BAD_DOCS, BAD_META_ID, META_ORDER, BAD_INDEX, BAD_SPANS = 0, 1, 2, 3, 4, 5
 SPAN_CROSSES, SPAN_ORDER = 6, 7  # spec rules reads do not depend on (``span_rows_status``)
-_NO_METADATA = np.uint32(2**32 - 1)
+STATUS: dict[int, tuple[str, str, str]] = {
+    BAD_DOCS: (DOCS, "offsets", "document offsets go backwards or past the end"),
+    BAD_META_ID: (TOKENS, META_ID, "metadata id out of range of the metadata index"),
+    META_ORDER: (TOKENS, META_ID, "metadata ids must rise by one from span to span"),
+    BAD_INDEX: (META_INDEX, "offsets", "metadata index goes backwards or past its data file"),
+    BAD_SPANS: (META_SPANS, "rows",
+                "an entry's span is empty, past the shard's records, or of an unknown kind"),
+}
+"""Each code a kernel returns: (the shard file it blames, by suffix; the field;
+the message). The one table the callers turn codes into ``FormatError`` with."""
+SPANS_META_ORDER = "a metadata id names an entry that does not cover its token"
+"""``META_ORDER``'s message for datasets with a spans table (version 2)."""
+_NO_METADATA = np.uint32(NO_METADATA)
 OBS, SHARD, START, LENGTH, DEST = 0, 1, 2, 3, 4
 
 
@@ -223,72 +245,62 @@ def _segments(
 
 @njit(nogil=True, cache=True, inline="always")
 def _decode_tokens(
-    b: int, source: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray
-) -> None:
-    """Row ``b`` of ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]``
-    cast from ``source`` (``tokens[b]``), each skipped when it has no rows."""
+    b: int, source: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+    shift: int, bounds: np.ndarray,
+) -> bool:
+    """Row ``b`` of ``inputs = tokens[:, :seq_len]`` and ``labels`` (``shift``
+    1: ``tokens[:, 1:]``; 0: the same tokens as ``inputs``) cast from ``source``
+    (``tokens[b]``), each skipped when it has no rows. With ``bounds`` (two
+    values of ``source``'s dtype: the smallest and largest id the output holds)
+    the row's ids are checked in the same pass; False when one is outside."""
     if inputs.shape[0] > 0:
         decoded = inputs[b]
         for t in range(seq_len):  # row views: the loops vectorize
             decoded[t] = source[t]
         if labels.shape[0] > 0:  # from the decoded row: contiguous even when records are not
             target = labels[b]
-            for t in range(seq_len - 1):
-                target[t] = decoded[t + 1]
-            target[seq_len - 1] = source[seq_len]
+            if shift == 0:
+                for t in range(seq_len):
+                    target[t] = decoded[t]
+            else:
+                for t in range(seq_len - 1):
+                    target[t] = decoded[t + 1]
+                target[seq_len - 1] = source[seq_len]
     elif labels.shape[0] > 0:
         target = labels[b]
         for t in range(seq_len):
-            target[t] = source[t + 1]
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _decode_row(
-    b: int, tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
-    positions: np.ndarray, cu: np.ndarray, cu_offsets: np.ndarray,
-) -> None:
-    """Row ``b`` of ``inputs`` and ``labels`` (``_decode_tokens``) and of
-    ``positions`` (0 at the window start and at each document start; skipped
-    when it has no rows)."""
-    _decode_tokens(b, tokens[b], seq_len, inputs, labels)
-    if positions.shape[0] == 0:
-        return
-    row = positions[b]
-    for q in range(cu_offsets[b], cu_offsets[b + 1] - 1):
-        segment = row[np.int64(cu[q]) : np.int64(cu[q + 1])]
-        for t in range(segment.shape[0]):
-            segment[t] = t
+            target[t] = source[t + shift]
+    if bounds.shape[0] == 0:
+        return True
+    low = high = source[0]
+    for t in range(seq_len + shift):  # min and max vectorize: one more pass over L1
+        value = source[t]
+        low = min(low, value)
+        high = max(high, value)
+    return bounds[0] <= low and high <= bounds[1]
 
 
 @njit(nogil=True, cache=True)
 def window_tokens(
-    tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray
-) -> None:
+    tokens: np.ndarray, seq_len: int, inputs: np.ndarray, labels: np.ndarray, shift: int,
+    bounds: np.ndarray,
+) -> int:
     """``inputs`` and ``labels`` of a window batch (``_decode_tokens``), when no
-    column needs the documents."""
+    column needs the documents. Returns the first row with an id outside
+    ``bounds``, or -1."""
     for b in range(tokens.shape[0]):
-        _decode_tokens(b, tokens[b], seq_len, inputs, labels)
+        if not _decode_tokens(b, tokens[b], seq_len, inputs, labels, shift, bounds):
+            return b
+    return -1
 
 
 @njit(nogil=True, cache=True)
 def window_columns(
-    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int,
-    docs: list, doc_starts: np.ndarray,
-    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """Every column of a window batch in one pass over ``tokens`` (``[B, n]``).
-
-    Writes ``inputs = tokens[:, :seq_len]`` and ``labels = tokens[:, 1:]`` cast
-    and ``positions`` (each skipped when it has no rows), row by row, so each
-    row is read once while it is in cache.
-    Returns what ``_segments`` returns.
-    """
-    segments = _segments(pieces, tokens.shape[0], n, seq_len, docs, doc_starts)
-    cu_offsets, cu, code = segments[0], segments[1], segments[6]
-    if code == OK:
-        for b in range(tokens.shape[0]):
-            _decode_row(b, tokens, seq_len, inputs, labels, positions, cu, cu_offsets)
-    return segments
+    """The document segments of a window batch of ``b_count`` windows
+    (``_segments``, which returns what this returns): for ``doc_ids``."""
+    return _segments(pieces, b_count, n, seq_len, docs, doc_starts)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -332,14 +344,33 @@ def _first_documents(
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _row_positions(
+def _row_segments(
     b: int, p: int, pieces: np.ndarray, n: int, seq_len: int, docs: list | tuple,
-    firsts: np.ndarray, row: np.ndarray,
+    firsts: np.ndarray, labels: np.ndarray, mask_starts: bool, out: tuple,
 ) -> tuple[int, int, int]:
-    """Row ``b`` of ``positions`` from its pieces, the first at ``p``, and their
-    first documents (``_first_documents``): the document starts are written as
-    they are found, nothing is allocated. Returns (the next row's first piece,
-    code, shard)."""
+    """Row ``b``'s document columns from its pieces, the first at ``p``, and
+    their first documents (``_first_documents``), written as the document
+    starts are found; nothing is allocated.
+
+    ``out`` is ``(positions, seq_idx, cu, cu_offsets, cu_lengths, longest,
+    cursor)``; ``positions``, ``seq_idx`` and ``longest`` are skipped when
+    they have no rows, ``cu`` and its offsets and lengths are always written
+    (room for ``seq_len + 1`` items a row). ``positions``
+    restart at 0 at the window start and at each document start; ``seq_idx``
+    numbers the segments of the batch from 0, row after row; ``cu`` gets the
+    row's segment starts then ``seq_len`` (window columns) and ``cu_offsets[b
+    + 1]``, ``cu_lengths[b]`` say where they end and how many; ``longest[b]``
+    the row's longest segment; ``cursor`` carries (next ``cu`` item, next
+    segment number) from row to row. With ``mask_starts``, ``labels[b]`` gets
+    -100 where a document starts (not where the window cuts one). Returns
+    (the next row's first piece, code, shard)."""
+    positions, seq_idx, cu, cu_offsets, cu_lengths, longest, cursor = out
+    # Row views, contiguous (1-D slices of the flat planes: the loops vectorize);
+    # empty when the column has no rows.
+    position_row = positions.reshape(-1)[b * seq_len : (b + 1) * seq_len]
+    seq_idx_row = seq_idx.reshape(-1)[b * seq_len : (b + 1) * seq_len]
+    q, segment_id, most = cursor[0], cursor[1], 0
+    row_start = q
     while p < pieces.shape[0] and pieces[p, OBS] == b:
         s, a = pieces[p, SHARD], pieces[p, START]
         c = pieces[p, DEST] - b * n  # a piece starts a segment (shards end documents)
@@ -351,38 +382,71 @@ def _row_positions(
         table = docs[s]
         end = np.uint64(a + m)
         segment = c
+        starts_document = table[k] == np.uint64(a)
         while True:
             k += 1  # the next document starts at column c + table[k] - a
             stop = c + m if table[k] >= end else c + np.int64(table[k]) - a
-            values = row[segment:stop]  # a view: the loop vectorizes
-            for t in range(values.shape[0]):
-                values[t] = t
+            cu[q] = segment
+            q += 1
+            if mask_starts and starts_document:
+                labels[b, segment] = -100
+            most = max(most, stop - segment)
+            segment_id += 1
             if table[k] >= end:
                 break
             if k + 1 >= table.shape[0] or table[k + 1] <= table[k]:
                 return p, BAD_DOCS, s
             segment = stop
+            starts_document = True
+    cu[q] = seq_len
+    q += 1
+    cu_offsets[b + 1] = q
+    cu_lengths[b] = q - row_start
+    if longest.shape[0] > 0:
+        longest[b] = most
+    # Then the per-token columns from the row's segments, in tight loops that vectorize.
+    first_id = cursor[1]
+    for i in range(row_start, q - 1):
+        if position_row.shape[0] > 0:
+            values = position_row[np.int64(cu[i]) : np.int64(cu[i + 1])]
+            for t in range(values.shape[0]):
+                values[t] = t
+        if seq_idx_row.shape[0] > 0:
+            ids = seq_idx_row[np.int64(cu[i]) : np.int64(cu[i + 1])]
+            for t in range(ids.shape[0]):
+                ids[t] = first_id + i - row_start
+    cursor[0], cursor[1] = q, segment_id
     return p, OK, 0
 
 
+def no_segments(rows_dtype: Any = np.int64) -> tuple:
+    """An ``out`` for ``_row_segments`` that computes nothing (every array empty)."""
+    none2 = np.empty((0, 0), rows_dtype)
+    return (none2, np.empty((0, 0), np.int32), np.empty(0, np.int32), np.empty(0, np.int64),
+            np.empty(0, np.int64), np.empty(0, np.int32), np.zeros(2, np.int64))
+
+
 @njit(nogil=True, cache=True)
-def window_positions(
+def window_segments(
     tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int, docs: list,
-    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-) -> tuple[int, int]:
-    """``inputs`` and ``labels`` (``_decode_tokens``) and ``positions`` of a
-    window batch, when neither ``cu_seqlens`` nor ``doc_ids`` is asked for
-    (``_row_positions``). Returns (code, shard)."""
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, out: tuple,
+) -> tuple[int, int, int]:
+    """``inputs`` and ``labels`` (``_decode_tokens``) and the document columns
+    (``_row_segments``; ``shift`` 0 masks the labels at document starts) of a
+    window batch, row by row while the row is in cache. Returns (code, shard,
+    the first row with an id outside ``bounds`` or -1)."""
     firsts, code, shard = _first_documents(pieces, n, seq_len, docs)
     if code != OK:
-        return code, shard
+        return code, shard, -1
     p = 0
     for b in range(tokens.shape[0]):
-        _decode_tokens(b, tokens[b], seq_len, inputs, labels)
-        p, code, shard = _row_positions(b, p, pieces, n, seq_len, docs, firsts, positions[b])
+        if not _decode_tokens(b, tokens[b], seq_len, inputs, labels, shift, bounds):
+            return OK, 0, b
+        p, code, shard = _row_segments(b, p, pieces, n, seq_len, docs, firsts, labels,
+                                       shift == 0 and labels.shape[0] > 0, out)
         if code != OK:
-            return code, shard
-    return OK, 0
+            return code, shard, -1
+    return OK, 0, -1
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -407,34 +471,38 @@ def _read_row(
     return p, -1, 1
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _read_windows(
+@njit(nogil=True, cache=True)
+def read_windows(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
     handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
     sizes: np.ndarray, use_pread: bool, seq_len: int, docs: list | tuple, inputs: np.ndarray,
-    labels: np.ndarray, positions: np.ndarray,
-) -> tuple[int, int, int, int, int, int]:
+    labels: np.ndarray, shift: int, bounds: np.ndarray, segments: bool, out: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
     """``plan_windows``, then each window read into ``row`` (``n`` token
     records, reused, so it stays in the L1 cache) and cast into ``inputs`` and
-    ``labels`` at once, then its ``positions`` (``_row_positions``; skipped
-    when it has no rows): the batch's records are never written. From
-    mappings, the next window is prefetched while this one is cast.
+    ``labels`` at once (``_decode_tokens``), then, with ``segments``, its
+    document columns (``_row_segments`` into ``out``; ``docs``: every shard's
+    document offsets): the batch's records are never written. Straight from
+    local files (``fds``, ``addresses``, ``sizes``: ``LocalStorage.files``);
+    from mappings, the next window is prefetched while this one is cast.
 
     Returns (bad index position, shard not open yet, failed request of
-    ``plan_windows``'s, its ``read_request`` status or -2, code, shard); the
-    first three are -1 when there is no such thing. Nothing is read when an
-    index is bad or a shard is not open.
+    ``plan_windows``'s, its ``read_request`` status or -2, code, shard, the
+    first row with an id outside ``bounds``); the first three and the last
+    are -1 when there is no such thing. Nothing is read when an index is bad
+    or a shard is not open.
     """
     pieces, requests, closed, bad = plan_windows(
         indices, stride, n, count, shard_starts, handles, row.itemsize
     )
     if bad >= 0 or closed >= 0:
-        return bad, closed, -1, 1, OK, 0
-    firsts, code, shard = _first_documents(pieces[:0] if positions.shape[0] == 0 else pieces,
-                                           n, seq_len, docs)
+        return bad, closed, -1, 1, OK, 0, -1
+    firsts, code, shard = _first_documents(pieces if segments else pieces[:0], n, seq_len,
+                                           docs)
     if code != OK:
-        return -1, -1, -1, 1, code, shard
+        return -1, -1, -1, 1, code, shard, -1
     itemsize = row.itemsize
+    mask_starts = shift == 0 and labels.shape[0] > 0
     p = ahead = 0
     for b in range(indices.shape[0]):
         while ahead < pieces.shape[0] and pieces[ahead, OBS] <= b + 1:  # the next window
@@ -445,58 +513,28 @@ def _read_windows(
         p, failed, status = _read_row(b, p, pieces, requests, n, itemsize, fds, addresses,
                                       sizes, use_pread, row)
         if failed >= 0:
-            return -1, -1, failed, status, OK, 0
-        _decode_tokens(b, row, seq_len, inputs, labels)
-        if positions.shape[0] > 0:
-            _, code, shard = _row_positions(b, first, pieces, n, seq_len, docs, firsts,
-                                            positions[b])
+            return -1, -1, failed, status, OK, 0, -1
+        if not _decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
+            return -1, -1, -1, 1, OK, 0, b
+        if segments:
+            _, code, shard = _row_segments(b, first, pieces, n, seq_len, docs, firsts, labels,
+                                           mask_starts, out)
             if code != OK:
-                return -1, -1, -1, 1, code, shard
-    return -1, -1, -1, 1, OK, 0
-
-
-@njit(nogil=True, cache=True)
-def read_window_tokens(
-    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
-    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
-    sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
-) -> tuple[int, int, int, int, int, int]:
-    """``inputs`` and ``labels`` of windows ``indices``, straight from local
-    files (``fds``, ``addresses``, ``sizes``: ``LocalStorage.files``); see
-    ``_read_windows``, which returns what this returns."""
-    no_docs = (np.zeros(2, np.uint64),)  # positions have no rows: never indexed
-    return _read_windows(indices, stride, n, count, shard_starts, handles, row, fds, addresses,
-                         sizes, use_pread, seq_len, no_docs, inputs, labels, labels[:0])
-
-
-@njit(nogil=True, cache=True)
-def read_window_positions(
-    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
-    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
-    sizes: np.ndarray, use_pread: bool, seq_len: int, docs: list, inputs: np.ndarray,
-    labels: np.ndarray, positions: np.ndarray,
-) -> tuple[int, int, int, int, int, int]:
-    """``read_window_tokens`` and ``positions`` (``docs``: every shard's
-    document offsets)."""
-    return _read_windows(indices, stride, n, count, shard_starts, handles, row, fds, addresses,
-                         sizes, use_pread, seq_len, docs, inputs, labels, positions)
+                return -1, -1, -1, 1, code, shard, -1
+    return -1, -1, -1, 1, OK, 0, -1
 
 
 @njit(nogil=True, cache=True)
 def window_columns_meta(
-    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int,
-    docs: list, doc_starts: np.ndarray,
-    inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
     meta_ids: np.ndarray, entries: np.ndarray, index: list, data: list, head: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
            np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
-    """``window_columns`` and ``meta_spans`` in one pass: each row's metadata
-    runs are walked right after the row is decoded, while it is in cache.
+    """``window_columns`` and ``meta_spans`` in one call.
 
     Returns ``window_columns``'s six arrays, then ``meta_spans``'s five, then
     (code, shard).
     """
-    b_count = tokens.shape[0]
     cu_offsets, cu, cu_lengths, doc_offsets, ids, nseg, code, shard = _segments(
         pieces, b_count, n, seq_len, docs, doc_starts
     )
@@ -510,7 +548,6 @@ def window_columns_meta(
     cursor = np.zeros(3, np.int64)
     p = 0
     for b in range(b_count if code == OK else 0):
-        _decode_row(b, tokens, seq_len, inputs, labels, positions, cu, cu_offsets)
         while code == OK and p < pieces.shape[0] and pieces[p, OBS] == b:
             code = _meta_fill(p, cursor, meta_ids, pieces, obs_begin, obs_len, entries, index,
                               data, head, first, count, starts, ends, run_offsets, out, bounds)

@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
-from zerobatch._output_dtype import CASTS, output_dtype
+from zerobatch._output_dtype import CASTS, id_bounds, output_dtype, token_error
 from zerobatch.columnar import Batch, BatchMeta
 from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage
@@ -144,6 +144,16 @@ class NpyTokens:
         return self._names
 
     @property
+    def paths(self) -> tuple[str, ...]:
+        """Each file's path (or URL), in stream order."""
+        return self._paths
+
+    @property
+    def starts(self) -> tuple[int, ...]:
+        """The stream token each file starts at, in stream order."""
+        return tuple(self._starts[:-1].tolist())
+
+    @property
     def fingerprint(self) -> str:
         """Identifies the stream: file names, sizes and dtype."""
         return self._fingerprint
@@ -218,6 +228,7 @@ class NpyWindows:
         self._tokens = tokens
         self._seq_len = seq_len
         self._dtype = out
+        self._bounds = id_bounds(tokens.dtype, out)
         self._len = max(0, (tokens.num_tokens - 1) // seq_len)
 
     def __len__(self) -> int:
@@ -246,12 +257,25 @@ class NpyWindows:
             raise IndexError(f"window indices must be in [0, {self._len})")
         seq_len = self._seq_len
         raw = self._tokens.read_tokens(idx, seq_len, seq_len + 1)
-        # One cast-copy into the output dtype; inputs and labels share the row.
+        # One cast-copy into the output dtype, ids checked in the same pass.
         out = np.empty((2, idx.shape[0], seq_len), self._dtype)
-        np.copyto(out[0], raw[:, :seq_len], casting="unsafe")
-        np.copyto(out[1], raw[:, 1:], casting="unsafe")
+        wrong = k.window_tokens(raw, seq_len, out[0], out[1], 1, self._bounds)
+        if wrong >= 0:
+            raise self._token_error(int(idx[wrong]), raw[wrong])
         columns = {"input_ids": out[0], "labels": out[1]}
         return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(len(idx))))
+
+
+    def _token_error(self, window: int, tokens: np.ndarray) -> FormatError:
+        """The error for the first id of ``window`` (its ``tokens``) that the
+        output dtype cannot hold, naming its file."""
+        low, high = self._bounds
+        column = int(np.flatnonzero((tokens < low) | (tokens > high))[0])
+        stream = self._tokens
+        at = window * self._seq_len + column
+        file = stream.file_at(at)
+        return token_error(stream.paths[file], "data", int(tokens[column]),
+                           at - stream.starts[file], stream.dtype, self._dtype)
 
 
 def open_npy(

@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import typed
 
-from zerobatch._output_dtype import output_dtype
+from zerobatch._output_dtype import id_bounds, output_dtype, token_error
 from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
 from zerobatch.columnar.schema import normalize_column
 from zerobatch.errors import FormatError
@@ -37,14 +37,11 @@ from zerobatch.stream import _kernels as k
 from zerobatch.stream._arena import ALIGN, Arena, carve
 from zerobatch.stream.index import Index, MappedIndex
 from zerobatch.stream.manifest import (
-    DOCS,
     DOCUMENT_KIND,
     FORMAT,
     MANIFEST,
     META_DATA,
     META_ID,
-    META_INDEX,
-    META_SPANS,
     TOKENS,
     Manifest,
     check_sizes,
@@ -54,6 +51,7 @@ from zerobatch.stream.npy import NpyTokens, is_npy_folder, open_npy
 from zerobatch.stream.ranged import IndexView, RangedIndex
 from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 from zerobatch.stream.spans import Spans, SpanTable
+from zerobatch.varlen import IGNORE_INDEX, Columns, row_columns
 
 if TYPE_CHECKING:
     from zerobatch.packing import PackedRows
@@ -181,13 +179,16 @@ class Dataset:
             self._storage.close()
 
     def windows(
-        self, seq_len: int, *, stride: int | None = None, labels: bool = True,
-        dtype: Any = "int64", columns: Sequence[str] | None = None,
+        self, seq_len: int, *, stride: int | None = None, labels: Any = "shifted",
+        dtype: Any = "int64", columns: Sequence[str] | str | None = None,
+        document_masking: bool = False,
     ) -> TokenWindows:
-        """Fixed-length windows over all documents concatenated (see ``TokenWindows``);
-        ``columns`` picks the columns computed (default all)."""
+        """Fixed-length windows over all documents concatenated (see ``TokenWindows``):
+        ``input_ids`` and ``labels`` (``"shifted"`` by one, or HF's ``"aligned"``);
+        ``document_masking=True`` adds ``position_ids``, ``cu_seqlens`` and
+        ``max_seqlen``; ``columns`` names any set."""
         return TokenWindows(self, seq_len, stride=stride, labels=labels, dtype=dtype,
-                            columns=columns)
+                            columns=columns, document_masking=document_masking)
 
     def documents(self, *, max_len: int | None = None, dtype: Any = "int64") -> Documents:
         """One observation per document (see ``Documents``)."""
@@ -243,26 +244,14 @@ class Dataset:
         )
 
     def _check(self, code: int, shard: int) -> None:
+        """Raise the ``FormatError`` of kernel status ``code`` (``_kernels.STATUS``)
+        for ``shard``; nothing for ``OK``."""
         if code == k.OK:
             return
-        if code == k.BAD_DOCS:
-            raise self._shard_error(shard, DOCS, "offsets",
-                                    "document offsets go backwards or past the end")
-        if code == k.BAD_META_ID:
-            raise self._shard_error(shard, TOKENS, META_ID,
-                                    "metadata id out of range of the metadata index")
+        suffix, field, message = k.STATUS[code]
         if code == k.META_ORDER and self._manifest.has_spans_table:
-            raise self._shard_error(shard, TOKENS, META_ID,
-                                    "a metadata id names an entry that does not cover its token")
-        if code == k.META_ORDER:
-            raise self._shard_error(shard, TOKENS, META_ID,
-                                    "metadata ids must rise by one from span to span")
-        if code == k.BAD_SPANS:
-            raise self._shard_error(shard, META_SPANS, "rows",
-                                    "an entry's span is empty, past the shard's records, or "
-                                    "of an unknown kind")
-        raise self._shard_error(shard, META_INDEX, "offsets",
-                                "metadata index goes backwards or past its data file")
+            message = k.SPANS_META_ORDER
+        raise self._shard_error(shard, suffix, field, message)
 
     def _view(
         self, pieces: npt.NDArray[np.int64], obs_begin: npt.NDArray[np.int64],
@@ -339,45 +328,85 @@ def _documents_table(table: SpanTable, kinds: npt.NDArray[np.int64]) -> SpanTabl
                      lambda: list(compress(table.values, chosen.tolist())))
 
 
+DOCUMENT_MASKING = ("position_ids", "cu_seqlens", "max_seqlen")
+"""The columns ``document_masking=True`` adds: what Llama-3-style document
+masking (FlashAttention varlen, the transformers padding-free path) takes."""
+LOSS_MASK = "loss_mask"
+"""The per-token field that ``labels="aligned"`` masks with (-100 where it is 0)."""
+
+
+def _label_mode(labels: Any) -> str | None:
+    """``"shifted"``, ``"aligned"`` or None (no labels) for a ``labels=`` value."""
+    if labels is True or labels == "shifted":
+        return "shifted"
+    if labels is False or labels is None:
+        return None
+    if labels == "aligned":
+        return "aligned"
+    raise ValueError(f"labels must be 'shifted' (labels[t] = token[t + 1]), 'aligned' "
+                     f"(Hugging Face: labels = input_ids, -100 at document starts) or False, "
+                     f"got {labels!r}")
+
+
 class TokenWindows:
     """Observation ``i``: tokens ``[i * stride, i * stride + seq_len)`` of the
-    concatenation of all documents, plus one more token for the labels.
+    concatenation of all documents (with ``labels="shifted"``, plus one more
+    token for the labels).
 
-    ``len(src) == (num_tokens - seq_len - labels) // stride + 1`` (0 if too
+    ``len(src) == (num_tokens - seq_len - shifted) // stride + 1`` (0 if too
     short); the tail past the last full window is dropped. ``read(indices)``
-    returns a ``Batch`` with ``input_ids`` and ``labels`` (``[B, seq_len]``;
-    labels are the tokens shifted by one), ``position_ids`` (``[B, seq_len]``,
-    0 at the window start and at every document start), ``cu_seqlens`` (jagged
-    int32, per window the segment starts then ``seq_len``), ``doc_ids`` (jagged
-    int64, the global document id of each segment), each per-token field
-    (``[B, seq_len]``, aligned with ``input_ids``, views of the read buffer) and,
-    with span metadata, ``metadata``: per window a ``Spans``, the sequence of
-    ``(start, end, value)`` of every entry overlapping the window (spans,
-    which may overlap and nest, and the documents' own metadata, each once,
-    ordered by start), in window coordinates, clipped to the window (its
-    ``starts``/``ends`` are arrays; values decode on first use); and, for
-    datasets written since format version 2, ``document_metadata``: the
-    same for the documents' own metadata alone (one entry per document of
-    the window that has metadata, over its segment of the window). Global indexes
-    in the batch meta are the observation indices. Immutable and thread-safe.
+    returns a ``Batch`` of the columns asked for, each ``[B, seq_len]`` unless
+    said otherwise:
 
-    ``columns`` (default: all of the above) names the columns to compute, in
-    any order; the batch holds them in the order above. Only what is asked for
-    costs time: without ``position_ids``, ``cu_seqlens`` and ``doc_ids`` the
-    document offsets are never read, and ``("input_ids", "labels")`` is one
-    read and one cast per batch (on local files, with ``input_ids``,
-    ``labels`` and ``position_ids`` only and no per-token fields, one kernel
-    call that casts each window as it is read). ``src.columns`` lists them.
+    - ``input_ids``; ``labels``: with ``labels="shifted"`` (default) the tokens
+      shifted by one (``labels[:, t] == tokens[:, t + 1]``); with ``"aligned"``
+      (Hugging Face's convention: the model shifts) ``input_ids`` again with
+      -100 at each document's first token and, when the dataset has a
+      ``loss_mask`` field, wherever it is 0; with ``labels=False`` none.
+    - ``position_ids``: 0 at the window start and at every document start,
+      counting up inside each segment.
+    - ``cu_seqlens``: jagged int32, per window its segment starts then
+      ``seq_len``; the torch and numpy outputs of ``Loader`` flatten it into
+      one int32 ``[segments + 1]`` over the flattened batch (see
+      ``zerobatch.varlen``).
+    - ``max_seqlen``: ``[B]`` int32, each window's longest segment (the
+      Loader's outputs reduce it to one host int).
+    - ``seq_idx``: int32, the segment of each token, numbered over the batch
+      from 0 (row after row).
+    - ``doc_ids``: jagged int64, the global document id of each segment.
+    - each per-token field of the dataset (aligned with ``input_ids``, views of
+      the read buffer).
+    - with span metadata, ``metadata``: per window a ``Spans``, the ``(start,
+      end, value)`` of every entry overlapping the window (spans, which may
+      overlap and nest, and the documents' own metadata, each once, ordered by
+      start), in window coordinates, clipped to the window (values decode on
+      first use); and, since format version 2, ``document_metadata``: the
+      documents' own metadata alone.
+
+    Default columns: ``input_ids``, ``labels`` and the per-token fields: what a
+    pre-training step uses. ``document_masking=True`` adds ``position_ids``,
+    ``cu_seqlens`` and ``max_seqlen`` (``DOCUMENT_MASKING``); ``columns``
+    names any set, in any order (the batch holds them in the order above), or
+    ``"all"`` of them.
+    Only what is asked for costs time: without the document columns the
+    document offsets are never read, and on local files a tokens-only
+    dataset's token and document columns come from one kernel call that reads
+    each window into a row buffer and casts it at once. ``src.columns`` lists
+    them. Global indexes in the batch meta are the observation indices.
+    Immutable and thread-safe.
 
     ``dtype`` sets the token columns: ``"int64"`` (default), ``"int32"``, or
     ``"stored"`` (``input_ids`` and ``labels`` are then overlapping views of
-    the read buffer, no copy). ``position_ids`` are int64 with int64 tokens,
-    else int32.
+    the read buffer, no copy; not with ``labels="aligned"``). A token id the
+    output dtype cannot hold raises ``FormatError`` naming the file (checked
+    in the same pass as the cast). ``position_ids`` are int64 with int64
+    tokens, else int32.
     """
 
     def __init__(
         self, dataset: Dataset, seq_len: int, *, stride: int | None = None,
-        labels: bool = True, dtype: Any = "int64", columns: Sequence[str] | None = None,
+        labels: Any = "shifted", dtype: Any = "int64", columns: Sequence[str] | str | None = None,
+        document_masking: bool = False,
     ) -> None:
         if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
@@ -387,20 +416,35 @@ class TokenWindows:
         self._ds = dataset
         self._seq_len = seq_len
         self._stride = stride
-        self._labels = bool(labels)
+        self._label_mode = _label_mode(labels)
+        self._labels = self._label_mode is not None
+        self._shift = int(self._label_mode == "shifted")
         self._dtype = output_dtype(dtype)
-        self._span = seq_len + int(self._labels)
+        if self._label_mode == "aligned" and self._dtype is None:
+            raise ValueError("labels='aligned' writes -100 into the labels: pass dtype='int64' "
+                             "or 'int32', not 'stored'")
+        self._span = seq_len + self._shift
         self._len = max(0, (dataset.num_tokens - self._span) // stride + 1)
         manifest = dataset.manifest
         self._fields = tuple(manifest.fields)
-        self._columns = _choose_columns(columns, self._window_columns())
+        if columns not in (None, "all") and document_masking is True:
+            columns = (*columns, *DOCUMENT_MASKING)
+        self._columns = _choose_columns(columns, self._window_columns(),
+                                        self._default_columns(document_masking))
         wanted = set(self._columns)
         self._want_inputs = "input_ids" in wanted
         self._want_labels = "labels" in wanted
         self._want_positions = "position_ids" in wanted
-        self._want_jagged = not wanted.isdisjoint(("cu_seqlens", "doc_ids"))
+        self._want_cu = "cu_seqlens" in wanted
+        self._want_longest = "max_seqlen" in wanted
+        self._want_seq_idx = "seq_idx" in wanted
+        self._want_doc_ids = "doc_ids" in wanted
         self._want_metadata = "metadata" in wanted
         self._want_documents = "document_metadata" in wanted
+        self._mask_labels = self._want_labels and self._label_mode == "aligned"
+        # The per-row document walk: the document columns, and aligned labels' -100s.
+        self._want_segments = (self._want_positions or self._want_cu or self._want_longest
+                               or self._want_seq_idx or self._mask_labels)
         self._token_fields = tuple(name for name in self._fields if name in wanted)
         # Cast token columns, then position_ids, share one dtype: planes of one
         # [k, B, seq_len] array.
@@ -408,26 +452,38 @@ class TokenWindows:
         casts = 0 if self._dtype is None else self._want_inputs + self._want_labels
         self._planes = casts + self._want_positions
         self._no_rows = np.empty((0, seq_len), self._plane_dtype)  # "skip this column"
+        self._no_segments = k.no_segments(self._plane_dtype)
         self._dense = self._dense_schema()
         self._record_dtype = manifest.record_dtype
         self._token_field = manifest.token_field
-        # Cast token columns with nothing else from the records: from local files,
-        # one kernel reads each window and casts it (``_read_direct``).
+        self._bounds_check = id_bounds(manifest.token_dtype, self._dtype)
+        # Cast token columns (and the document columns) with nothing else from the
+        # records: from local files, one kernel reads each window and casts it
+        # (``_read_direct``).
         self._direct = (self._dtype is not None and self._token_field is None
                         and (self._want_inputs or self._want_labels)
-                        and not (self._want_jagged or self._want_metadata))
+                        and not (self._want_doc_ids or self._want_metadata
+                                 or self._want_documents))
         self._direct_schema = {name: self._dense[name] for name in self._columns
                                if name in self._dense}
 
     def _window_columns(self) -> tuple[str, ...]:
         """Every column a batch can hold, in batch order."""
-        names = ["input_ids", *(["labels"] if self._labels else []),
-                 "position_ids", "cu_seqlens", "doc_ids", *self._fields]
+        names = ["input_ids", *(["labels"] if self._labels else []), "position_ids",
+                 "cu_seqlens", "max_seqlen", "seq_idx", "doc_ids", *self._fields]
         if self._ds.has_metadata:
             names.append("metadata")
         if self._ds.has_document_metadata:
             names.append("document_metadata")
         return tuple(names)
+
+    def _default_columns(self, document_masking: bool) -> tuple[str, ...]:
+        """The columns of ``columns=None``: the tokens, the labels, the per-token
+        fields, and with ``document_masking`` its columns."""
+        if not isinstance(document_masking, bool):
+            raise ValueError(f"document_masking must be True or False, got {document_masking!r}")
+        names = ("input_ids", *(["labels"] if self._labels else []), *self._fields)
+        return names + DOCUMENT_MASKING if document_masking else names
 
     def _dense_schema(self) -> dict[str, FieldSchema]:
         """The schema of every column but the jagged ones, inferred as
@@ -438,6 +494,8 @@ class TokenWindows:
         if self._labels:
             arrays["labels"] = arrays["input_ids"]
         arrays["position_ids"] = np.empty(shape, self._plane_dtype)
+        arrays["max_seqlen"] = np.empty(0, np.int32)
+        arrays["seq_idx"] = np.empty(shape, np.int32)
         fields: Mapping[str, Any] = manifest.record_dtype.fields or {}
         for name in manifest.fields:
             arrays[name] = np.empty(shape, fields[name][0])
@@ -447,13 +505,15 @@ class TokenWindows:
         return self._len
 
     def __repr__(self) -> str:
+        labels = self._label_mode or False
         return (f"TokenWindows(seq_len={self._seq_len}, stride={self._stride}, "
-                f"labels={self._labels}, len={self._len})")
+                f"labels={labels!r}, len={self._len})")
 
     @property
     def fingerprint(self) -> str:
         """The dataset's fingerprint plus this view's shape (seq_len, stride, labels)."""
-        return f"{self._ds.fingerprint}:windows:{self._seq_len}:{self._stride}:{int(self._labels)}"
+        shape = {None: "0", "shifted": "1", "aligned": "aligned"}[self._label_mode]
+        return f"{self._ds.fingerprint}:windows:{self._seq_len}:{self._stride}:{shape}"
 
     @property
     def seq_len(self) -> int:
@@ -465,6 +525,25 @@ class TokenWindows:
         """The columns each batch holds, in order."""
         return self._columns
 
+    @property
+    def labels(self) -> str | None:
+        """The label convention: ``"shifted"``, ``"aligned"``, or None (no labels)."""
+        return self._label_mode
+
+    def collate(self, batch: Batch, output: str = "numpy") -> dict[str, Any]:
+        """A batch as the Loader's ``"numpy"`` or ``"torch"`` output: the varlen
+        contract's shapes (one flat int32 ``cu_seqlens``, a host-int
+        ``max_seqlen``: ``zerobatch.varlen.row_columns``), for torch tensors
+        sharing the batch's memory, ``doc_ids`` a ``(values, offsets)`` pair (no
+        nested tensors). A missing column's ``KeyError`` names the argument that
+        adds it. Cost: O(columns + segments)."""
+        columns = row_columns(batch.to_numpy())
+        if output != "torch":
+            return columns
+        from zerobatch.columnar.batch import columns_to_torch
+
+        return Columns(columns_to_torch(columns, jagged="offsets"))
+
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The windows at ``indices`` (``0 <= i < len``, any order, repeats
         allowed) as one Batch."""
@@ -472,80 +551,100 @@ class TokenWindows:
         idx = _indices(indices)
         if self._direct and ds._local is not None and ds._bases is None:
             return self._read_direct(ds._local, idx)
-        itemsize = self._record_dtype.itemsize
-        pieces, requests, closed, bad = k.plan_windows(
-            idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles, itemsize
-        )
-        if bad >= 0:
-            raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
         b_count = idx.shape[0]
         # One buffer per batch, recycled once the batch is gone: records, then the planes.
-        record_bytes = b_count * n * itemsize
+        record_bytes = b_count * n * self._record_dtype.itemsize
         start = -(-record_bytes // ALIGN) * ALIGN
-        buffer = ds._arena.take(start + self._plane_bytes(b_count))
-        records = ds._read_records(pieces, requests, closed, buffer[:record_bytes])
-        records = records.reshape(b_count, n)
+        buffer = ds._arena.take(start + self._output_bytes(b_count))
+        pieces, records = self._read_records(idx, buffer[:record_bytes])
         field = self._token_field
         tokens = records if field is None else records[field]
-        planes = self._plane_view(buffer, start, b_count)
-        none = self._no_rows
-        inputs = labels = positions = none
-        if self._dtype is not None:
-            cast = iter(planes)
-            inputs = next(cast) if self._want_inputs else none
-            labels = next(cast) if self._want_labels else none
-        if self._want_positions:
-            positions = planes[-1]
-        jagged: dict[str, Any] = {}
-        metadata: dict[str, list[Spans]] = {}
-        schema = self._dense
-        if self._want_jagged or self._want_metadata or self._want_documents:
-            jagged, metadata, schema = self._segment_columns(
-                records, tokens, pieces, inputs, labels, positions
-            )
-        elif self._want_positions:
+        inputs, labels, positions, out = self._outputs(buffer, start, b_count)
+        wrong = -1
+        if self._want_segments:
             view = ds._view(pieces, *self._bounds(b_count), docs=True)
-            code, shard = k.window_positions(
-                tokens, view.pieces, n, seq_len, view.docs, inputs, labels, positions
+            code, shard, wrong = k.window_segments(
+                tokens, view.pieces, n, seq_len, view.docs, inputs, labels, self._shift,
+                self._bounds_check, out,
             )
             ds._check(code, int(view.shards[shard]) if code else shard)
         elif inputs.shape[0] or labels.shape[0]:
-            k.window_tokens(tokens, seq_len, inputs, labels)
+            wrong = k.window_tokens(tokens, seq_len, inputs, labels, self._shift,
+                                    self._bounds_check)
+        if wrong >= 0:
+            raise self._token_error(int(idx[wrong]))
         if self._dtype is None:  # views of the read buffer, labels overlapping inputs
-            inputs, labels = tokens[:, :seq_len], tokens[:, 1:]
+            inputs, labels = tokens[:, :seq_len], tokens[:, self._shift:self._shift + seq_len]
+        elif self._mask_labels and LOSS_MASK in self._fields:
+            np.putmask(labels, records[LOSS_MASK][:, :seq_len] == 0, IGNORE_INDEX)
         # Built valid here: Jagged and Batch skip the checks of their public constructors.
-        out = self._token_columns(inputs, labels, positions)
-        out.update(jagged)
+        columns = self._token_columns(inputs, labels, positions, out)
+        schema = self._dense
+        if self._want_doc_ids or self._want_metadata or self._want_documents:
+            extra, schema = self._segment_columns(records, tokens.shape[0], pieces)
+            columns.update(extra)
         for name in self._token_fields:
-            out[name] = records[name][:, :seq_len]
-        out.update(metadata)
-        return Batch._trusted(out, idx, {name: schema[name] for name in out})
+            columns[name] = records[name][:, :seq_len]
+        if self._want_cu:
+            schema = {**schema, "cu_seqlens": self._cu_schema(out)}
+        order = {name: columns[name] for name in self._columns}
+        return Batch._trusted(order, idx, {name: schema[name] for name in order})
+
+    def _read_records(
+        self, idx: npt.NDArray[np.int64], raw: npt.NDArray[np.uint8]
+    ) -> tuple[npt.NDArray[np.int64], np.ndarray]:
+        """Plan the windows ``idx`` and read their records into ``raw``:
+        (pieces, records ``[B, span]``)."""
+        ds = self._ds
+        pieces, requests, closed, bad = k.plan_windows(
+            idx, self._stride, self._span, self._len, ds._shard_starts, ds._token_handles,
+            self._record_dtype.itemsize,
+        )
+        if bad >= 0:
+            raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
+        records = ds._read_records(pieces, requests, closed, raw)
+        return pieces, records.reshape(idx.shape[0], self._span)
+
+    def _token_error(self, window: int) -> FormatError:
+        """The error for the first token of ``window`` the output dtype cannot
+        hold, naming its shard file and record (the window is read again)."""
+        assert self._dtype is not None
+        raw = np.empty(self._span * self._record_dtype.itemsize, np.uint8)
+        pieces, records = self._read_records(np.array([window], np.int64), raw)
+        field = self._token_field
+        tokens = (records if field is None else records[field])[0, :self._seq_len + self._shift]
+        low, high = self._bounds_check
+        column = int(np.flatnonzero((tokens < low) | (tokens > high))[0])
+        for p in range(pieces.shape[0]):  # the piece holding that column
+            begin = int(pieces[p, k.DEST])
+            if begin <= column < begin + int(pieces[p, k.LENGTH]):
+                shard = int(pieces[p, k.SHARD])
+                record = int(pieces[p, k.START]) + column - begin
+                name = self._ds.manifest.shards[shard].file(TOKENS)
+                return token_error(join(self._ds.path, name), field or "tokens",
+                                   int(tokens[column]), record, self._ds.manifest.token_dtype,
+                                   self._dtype)
+        raise AssertionError("the bad token lies in no piece")  # pieces cover the window
 
     def _read_direct(self, local: LocalStorage, idx: npt.NDArray[np.int64]) -> Batch:
-        """``read`` of cast token columns (and ``position_ids``) from local files,
-        in one kernel call that plans, reads each window into a row buffer and
-        casts it at once: the batch's records are never written."""
+        """``read`` of cast token columns and the document columns from local
+        files, in one kernel call that plans, reads each window into a row
+        buffer and casts it at once: the batch's records are never written."""
         ds, n, seq_len, b_count = self._ds, self._span, self._seq_len, idx.shape[0]
-        planes = self._plane_view(ds._arena.take(self._plane_bytes(b_count)), 0, b_count)
-        inputs = planes[0] if self._want_inputs else self._no_rows
-        labels = planes[int(self._want_inputs)] if self._want_labels else self._no_rows
+        inputs, labels, positions, out = self._outputs(
+            ds._arena.take(self._output_bytes(b_count)), 0, b_count)
         row = np.empty(n, self._record_dtype)
+        docs = ds._docs_tables() if self._want_segments else _NO_DOCS
         while True:
             # Handles before the file table: a handle another thread sets is in
             # every table taken after it (tables only grow).
             plan = (idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles.copy(),
                     row)
             files, use_pread = local.files()  # keeps the mappings alive until the kernel returns
-            if self._want_positions:
-                bad, closed, failed, status, code, shard = k.read_window_positions(
-                    *plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
-                    ds._docs_tables(), inputs, labels, planes[-1],
-                )
-            else:
-                bad, closed, failed, status, code, shard = k.read_window_tokens(
-                    *plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
-                    inputs, labels,
-                )
+            bad, closed, failed, status, code, shard, wrong = k.read_windows(
+                *plan, files.fds, files.addresses, files.sizes, use_pread, seq_len, docs,
+                inputs, labels, self._shift, self._bounds_check, self._want_segments, out,
+            )
             if closed < 0:
                 break
             pieces = k.plan_windows(*plan[:-1], row.itemsize)[0]
@@ -558,29 +657,68 @@ class TokenWindows:
                 raise ds._short_read(pieces[:, k.SHARD], requests, failed)
             check_status(status, failed, requests[0])
         ds._check(code, shard)
-        out = self._token_columns(inputs, labels, planes[-1])
-        return Batch._trusted(out, idx, dict(self._direct_schema))
+        if wrong >= 0:
+            raise self._token_error(int(idx[wrong]))
+        columns = self._token_columns(inputs, labels, positions, out)
+        if not self._want_cu:
+            return Batch._trusted(columns, idx, dict(self._direct_schema))
+        schema = {**self._direct_schema, "cu_seqlens": self._cu_schema(out)}
+        return Batch._trusted(columns, idx, {name: schema[name] for name in columns})
 
-    def _plane_bytes(self, count: int) -> int:
-        """Bytes of the output planes of ``count`` windows."""
-        return self._planes * count * self._seq_len * self._plane_dtype.itemsize
+    def _output_bytes(self, count: int) -> int:
+        """Bytes of the outputs of ``count`` windows (``_outputs``)."""
+        planes = self._planes * count * self._seq_len * self._plane_dtype.itemsize
+        if not self._want_segments:
+            return planes
+        return planes + ALIGN + _segment_bytes(count, self._seq_len)
 
-    def _plane_view(self, buffer: np.ndarray, start: int, count: int) -> np.ndarray:
-        """The ``[planes, count, seq_len]`` output planes at byte ``start`` of ``buffer``."""
-        return np.ndarray((self._planes, count, self._seq_len), self._plane_dtype, buffer, start)
+    def _outputs(
+        self, buffer: np.ndarray, start: int, count: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, ...]]:
+        """(inputs, labels, positions, the ``out`` of ``_kernels._row_segments``)
+        of ``count`` windows carved from ``buffer`` at byte ``start``; a column
+        not asked for has no rows (a cast column none with ``dtype="stored"``)."""
+        shape = (self._planes, count, self._seq_len)
+        planes = np.ndarray(shape, self._plane_dtype, buffer, start)
+        none = self._no_rows
+        inputs = labels = positions = none
+        if self._dtype is not None:
+            inputs = planes[0] if self._want_inputs else none
+            labels = planes[int(self._want_inputs)] if self._want_labels else none
+        if self._want_positions:
+            positions = planes[-1]
+        if not self._want_segments:
+            return inputs, labels, positions, self._no_segments
+        at = -(-(start + planes.nbytes) // ALIGN) * ALIGN
+        return inputs, labels, positions, _carve_segments(
+            buffer, at, count, self._seq_len, self._no_segments, positions=positions,
+            seq_idx=self._want_seq_idx, longest=self._want_longest)
 
     def _token_columns(
-        self, inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray
+        self, inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
+        out: tuple[np.ndarray, ...],
     ) -> dict[str, Any]:
-        """The token columns asked for, in the Batch's column order."""
-        out: dict[str, Any] = {}
+        """The token and document columns asked for, in the Batch's column order."""
+        columns: dict[str, Any] = {}
         if self._want_inputs:
-            out["input_ids"] = inputs
+            columns["input_ids"] = inputs
         if self._want_labels:
-            out["labels"] = labels
+            columns["labels"] = labels
         if self._want_positions:
-            out["position_ids"] = positions
-        return out
+            columns["position_ids"] = positions
+        _, seq_idx, cu, cu_offsets, _, longest, cursor = out
+        if self._want_cu:
+            columns["cu_seqlens"] = Jagged._unchecked(cu[:int(cursor[0])], cu_offsets)
+        if self._want_longest:
+            columns["max_seqlen"] = longest
+        if self._want_seq_idx:
+            columns["seq_idx"] = seq_idx
+        return columns
+
+    @staticmethod
+    def _cu_schema(out: tuple[np.ndarray, ...]) -> FieldSchema:
+        """The schema of the batch's ``cu_seqlens`` (its lengths vary per batch)."""
+        return FieldSchema("jagged", _INT32, (), out[4])
 
     def _bounds(self, count: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Where each of ``count`` windows starts in the batch buffer, and its
@@ -589,35 +727,30 @@ class TokenWindows:
                 np.full(count, self._seq_len, dtype=np.int64))
 
     def _segment_columns(
-        self, records: np.ndarray, tokens: np.ndarray, pieces: npt.NDArray[np.int64],
-        inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-    ) -> tuple[dict[str, Any], dict[str, list[Spans]], dict[str, FieldSchema]]:
-        """Decode ``inputs``, ``labels`` and ``positions`` (each skipped when it
-        has no rows) with the document segments and, when asked for, the span
-        metadata; returns the jagged columns asked for, the metadata columns
-        asked for and the batch's schema."""
+        self, records: np.ndarray, b_count: int, pieces: npt.NDArray[np.int64],
+    ) -> tuple[dict[str, Any], dict[str, FieldSchema]]:
+        """The ``doc_ids`` and metadata columns asked for, and the batch's schema."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
         metadata: dict[str, list[Spans]] = {}
         meta_ids = records.reshape(-1)[META_ID] if ds.has_metadata else records
         together = self._want_metadata and not ds.has_document_metadata
-        view = ds._view(pieces, *self._bounds(tokens.shape[0]), docs=True,
+        view = ds._view(pieces, *self._bounds(b_count), docs=self._want_doc_ids or together,
                         meta_ids=meta_ids if together else None)
+        doc_ids = doc_off = doc_len = None
         if together:
-            (cu_off, cu, cu_len, doc_off, doc_ids, doc_len, *spans, code, shard
-             ) = k.window_columns_meta(
-                tokens, view.pieces, n, seq_len, view.docs, view.doc_starts, inputs, labels,
-                positions, view.meta_ids, view.entries, view.index, view.data, _HEAD,
+            (_, _, _, doc_off, doc_ids, doc_len, *spans, code, shard) = k.window_columns_meta(
+                view.pieces, b_count, n, seq_len, view.docs, view.doc_starts, view.meta_ids,
+                view.entries, view.index, view.data, _HEAD,
             )
             ds._check(code, int(view.shards[shard]) if code else shard)
             metadata["metadata"] = ds._spans(*spans).observations()
         else:
-            cu_off, cu, cu_len, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
-                tokens, view.pieces, n, seq_len, view.docs, view.doc_starts, inputs, labels,
-                positions,
-            )
-            ds._check(code, int(view.shards[shard]) if code else shard)
+            if self._want_doc_ids:
+                _, _, _, doc_off, doc_ids, doc_len, code, shard = k.window_columns(
+                    view.pieces, b_count, n, seq_len, view.docs, view.doc_starts,
+                )
+                ds._check(code, int(view.shards[shard]) if code else shard)
             if self._want_metadata or self._want_documents:
-                b_count = tokens.shape[0]
                 every, documents = ds._metadata(meta_ids, pieces, *self._bounds(b_count),
                                                 documents=self._want_documents)
                 if self._want_metadata:
@@ -626,21 +759,58 @@ class TokenWindows:
                     metadata["document_metadata"] = documents
         columns: dict[str, Any] = {}
         schema = dict(self._dense)
-        if "cu_seqlens" in self._columns:
-            columns["cu_seqlens"] = Jagged._unchecked(cu, cu_off)
-            schema["cu_seqlens"] = FieldSchema("jagged", cu.dtype, (), cu_len)
-        if "doc_ids" in self._columns:
+        if self._want_doc_ids:
+            assert doc_ids is not None and doc_off is not None
             columns["doc_ids"] = Jagged._unchecked(doc_ids, doc_off)
             schema["doc_ids"] = FieldSchema("jagged", doc_ids.dtype, (), doc_len)
         for name, column in metadata.items():
             schema[name] = _METADATA_SCHEMA if len(column) else _EMPTY_METADATA_SCHEMA
-        return columns, metadata, schema
+        columns.update(metadata)
+        return columns, schema
 
 
-def _choose_columns(columns: Sequence[str] | None, valid: tuple[str, ...]) -> tuple[str, ...]:
-    """The columns asked for, in the order of ``valid``; all of them for None."""
-    if columns is None:
-        return valid
+_INT32 = np.dtype(np.int32)
+_NO_DOCS = (np.zeros(2, np.uint64),)  # document offsets never indexed (no document columns)
+
+
+def _segment_bytes(count: int, seq_len: int) -> int:
+    """Bytes ``_carve_segments`` may use for ``count`` windows, alignment included."""
+    return (count * seq_len * 4 + (count * (seq_len + 1) + 1) * 4 + (2 * count + 1) * 8
+            + count * 4 + 16 + 6 * ALIGN)
+
+
+def _carve_segments(
+    buffer: np.ndarray, at: int, count: int, seq_len: int, none: tuple[np.ndarray, ...], *,
+    positions: np.ndarray, seq_idx: bool, longest: bool,
+) -> tuple[np.ndarray, ...]:
+    """The ``out`` of ``_kernels._row_segments`` for ``count`` windows: the
+    arrays asked for carved from ``buffer`` from byte ``at``, the others from
+    ``none`` (``_kernels.no_segments``), and a fresh cursor."""
+    ids = none[1]
+    if seq_idx:
+        ids, at = carve(buffer, at, np.int32, (count, seq_len))
+    # cu_seqlens, always (the walk writes it): at most seq_len segments and the end a window
+    values, at = carve(buffer, at, np.int32, (count * (seq_len + 1),))
+    offsets, at = carve(buffer, at, np.int64, (count + 1,))
+    lengths, at = carve(buffer, at, np.int64, (count,))
+    offsets[0] = 0
+    most = none[5]
+    if longest:
+        most, at = carve(buffer, at, np.int32, (count,))
+    cursor, at = carve(buffer, at, np.int64, (2,))
+    cursor[:] = 0
+    return positions, ids, values, offsets, lengths, most, cursor
+
+
+def _choose_columns(
+    columns: Sequence[str] | str | None, valid: tuple[str, ...],
+    default: tuple[str, ...] | None = None,
+) -> tuple[str, ...]:
+    """The columns asked for, in the order of ``valid``; ``default`` (all of
+    ``valid`` when None) for None; all of ``valid`` for ``"all"``."""
+    if columns is None or columns == "all":
+        chosen = valid if default is None or columns == "all" else default
+        return tuple(name for name in valid if name in chosen)
     if isinstance(columns, str):
         raise ValueError(f"columns must be a sequence of names, e.g. ({columns!r},), "
                          f"not the string {columns!r}")
