@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import obstore
+from _plot import bars
 
 from zerobatch.storage import ObjectStorage
 from zerobatch.stream import StreamWriter, open_dataset
@@ -265,6 +266,7 @@ def run(args: argparse.Namespace, direct: str, proxied: str) -> None:
     write_dataset(meta_url, direct, 2**24, 2**22, metadata=True)
     log = proxy_log_reader(proxied)
     per_batch: dict[str, float] = {}
+    per_byte: dict[str, float] = {}
     for name, location, coalesce, block, kind in (
         ("shuffled windows, coalesce 1 MiB", url, 1 << 20, 1, ObjectStorage),
         ("shuffled windows, coalesce 0", url, 0, 1, ObjectStorage),
@@ -275,7 +277,7 @@ def run(args: argparse.Namespace, direct: str, proxied: str) -> None:
     ):
         storage = kind(location, coalesce=coalesce, **options(proxied))
         dataset = open_dataset(location, storage=storage)
-        src = dataset.windows(seq)
+        src = dataset.windows(seq, columns="all")  # with span metadata, its columns too
         picks = []
         pick = np.random.default_rng(2) if dataset.has_metadata else rng  # the same batches
         for _ in range(32):
@@ -284,6 +286,7 @@ def run(args: argparse.Namespace, direct: str, proxied: str) -> None:
         before = log()
         gets, fetched = count_gets(log, lambda s=src, p=picks: [s.read(i) for i in p])
         per_batch[name] = gets / 32
+        per_byte[name] = fetched / (32 * BATCH * seq * 2)  # uint16 tokens: 2 useful bytes each
         print(f"{name:<44} {gets / 32:>10.1f} {fetched / (32 * BATCH * seq):>12.2f}")
         if dataset.has_metadata:
             meta = [r for r in log()[len(before):] if r[0] == "GET" and ".meta." in r[1]]
@@ -296,6 +299,12 @@ def run(args: argparse.Namespace, direct: str, proxied: str) -> None:
                   f"{meta_bytes / (32 * BATCH * seq):>12.3f}  ({len(meta) - len(ranged)} "
                   f"whole-file GETs; {meta_bytes:,} bytes in range GETs of {size:,} in the "
                   f"files)")
+
+    bars("object_store_gets", per_batch, title=f"GETs per batch over s3:// ({BATCH} shuffled "
+         f"windows of {seq} tokens)", xlabel="GETs per batch", limit=float(BATCH),
+         limit_label="one GET per window")
+    bars("object_store_bytes", per_byte, title="Bytes fetched per useful byte over s3://",
+         xlabel="bytes fetched / token bytes delivered", limit=1.0, limit_label="no waste")
 
     # 2b. dense span metadata: what the first batch fetches of the meta.* files
     dense_url = "s3://zerobatch-test/bench-dense"

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from _plot import bars
 from numpy.lib.stride_tricks import as_strided
 
 from zerobatch import stream
@@ -137,7 +138,7 @@ def _plans(windows: stream.TokenWindows) -> list[np.ndarray]:
 
 def _reader(
     path: Path, dtype: str = "int64", method: Literal["auto", "pread", "mmap"] = "auto",
-    *, tuples: bool = False, columns: tuple[str, ...] | None = None,
+    *, tuples: bool = False, columns: tuple[str, ...] | str = "all",
 ) -> Step:
     """Read batches (``columns``: default all); with ``tuples``, also build every
     ``(start, end, value)`` of the metadata column (what a consumer touching
@@ -198,8 +199,10 @@ def _torch_baseline(tokens: np.ndarray, starts: list[np.ndarray]) -> dict[str, S
 
 
 TARGET_COLUMNS = {"input_ids, labels": ("input_ids", "labels"),
-                  "+ position_ids": ("input_ids", "labels", "position_ids")}
-TARGETS = {"input_ids, labels": 0.8, "+ position_ids": 0.55}
+                  "+ position_ids": ("input_ids", "labels", "position_ids"),
+                  "document_masking=True": ("input_ids", "labels", "position_ids",
+                                            "cu_seqlens", "max_seqlen")}
+TARGETS = {"input_ids, labels": 0.8, "+ position_ids": 0.55, "document_masking=True": 0.55}
 
 
 class _Forwarding:
@@ -273,6 +276,10 @@ def _targets(path: Path) -> list[str]:
         target = next((f">= {t}" for label, t in TARGETS.items() if name.startswith(label)), "")
         lines.append(f"{name:<44}{value * 1e6:>9.1f}{BATCH * SEQ_LEN / value / 1e6:>8.0f}"
                      f"{limit_s / value:>10.2f}  {target}")
+    bars("stream_read", {name: limit_s / value for name, value in seconds.items()},
+         title=f"windows.read, CPU time of the reading thread ({SEQ_LEN}-token windows, "
+         f"batch {BATCH})", xlabel="share of the limit (NumPy gather + int64 cast, resident)",
+         limit=1.0, limit_label="limit")
     return lines
 
 
@@ -473,6 +480,10 @@ def _print_rates(rates: dict[str, float], sizes: list[int]) -> None:
         note = f"{rate / plain_rate:.2f}x no-metadata" if "spans" in name else ""
         print(f"{name:<44}{rate:>10.0f}{tok / 1e6:>9.1f}{tok * 2 / 1e6:>8.0f}"
               f"{rate / limit:>9.2f}{rate / fancy:>11.2f}  {note}")
+    bars("stream_read_rates", {name: rate / fancy for name, rate in rates.items()},
+         title=f"Shuffled window batches/s, wall clock ({SEQ_LEN}-token windows, batch {BATCH})",
+         xlabel="share of np.memmap fancy indexing + int64 cast", limit=1.0,
+         limit_label="np.memmap")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def test_windows_equal_datatroves_own_reader(folders, size):
     files = sorted(folder.glob("*.ds"))
     firsts = np.cumsum([0] + [p.stat().st_size // size for p in files])
     with open_dataset(folder) as ds:
-        windows = ds.windows(seq_len, stride=1)
+        windows = ds.windows(seq_len, stride=1, document_masking=True)
         for f, path in enumerate(files):
             one = DatatroveFileDataset(str(path), seq_len, token_size=size)
             for item in range(len(one)):

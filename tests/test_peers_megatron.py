@@ -151,7 +151,7 @@ def test_crafted_tables_raise_on_first_document_read(corpora, tmp_path):
     with open_dataset(folder) as ds:
         ds.windows(4, columns=["input_ids"]).read([0])  # tokens alone need no offsets
         with pytest.raises(FormatError, match="document_indices"):
-            ds.windows(4).read([0])
+            ds.windows(4, document_masking=True).read([0])
         with pytest.raises(FormatError, match="document_indices"):
             ds.documents().read([0])
         assert [p.field for p in ds.verify()] == ["document_indices"]

@@ -126,7 +126,11 @@ def _then_torch(collate: Callable[[Batch], Any], pin_memory: bool,
     """``collate``, then its tensors pinned and moved to ``device``."""
     import torch
 
-    pin_memory = pin_memory and torch.cuda.is_available()
+    if pin_memory and not torch.cuda.is_available():
+        from zerobatch._torch_output import TorchOutput
+
+        TorchOutput(pin_memory=True).bind(None, None)  # its one warning: nothing is pinned
+        pin_memory = False
 
     def move(value: Any) -> Any:
         if isinstance(value, torch.Tensor):

@@ -21,7 +21,7 @@ def check_against(ds, tokens: np.ndarray, documents: list[np.ndarray], *, seq_le
     assert ds.num_documents == len(documents)
     starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])
     assert starts[-1] == tokens.shape[0]
-    windows = ds.windows(seq_len, stride=stride)
+    windows = ds.windows(seq_len, stride=stride, document_masking=True)
     step = stride or seq_len
     assert len(windows) == (tokens.shape[0] - seq_len - 1) // step + 1
     order = np.random.default_rng(0).permutation(len(windows))
@@ -85,9 +85,9 @@ def check_same(local, remote, *, seq_len: int = 7) -> None:
     """``remote`` reads what ``local`` reads: windows (every column), documents."""
     assert (remote.num_tokens, remote.num_documents) == (local.num_tokens, local.num_documents)
     assert remote.describe().split("\n")[2:] == local.describe().split("\n")[2:]
-    windows = local.windows(seq_len)
+    windows = local.windows(seq_len, columns="all")
     order = np.random.default_rng(1).permutation(len(windows))[:40]
-    a, b = windows.read(order), remote.windows(seq_len).read(order)
+    a, b = windows.read(order), remote.windows(seq_len, columns="all").read(order)
     assert a.fields == b.fields
     for name in a.fields:
         for part in ("values", "offsets") if hasattr(a[name], "offsets") else (None,):

@@ -213,16 +213,18 @@ class PeerDataset(Dataset):
         self._field_sets = {name: PeerDataset(_FieldFiles(files, name)) for name in files.fields}
 
     def windows(
-        self, seq_len: int, *, stride: int | None = None, labels: bool = True,
-        dtype: Any = "int64", columns: Sequence[str] | None = None,
+        self, seq_len: int, *, stride: int | None = None, labels: Any = "shifted",
+        dtype: Any = "int64", columns: Sequence[str] | str | None = None,
+        document_masking: bool = False,
     ) -> TokenWindows:
         """Windows as ``Dataset.windows``; each per-token field of the format
-        (``fields``) is a ``[B, seq_len]`` column aligned with ``input_ids``."""
+        (``fields``) is a ``[B, seq_len]`` column aligned with ``input_ids``
+        (one of the default columns)."""
         if not self._field_sets:
             return super().windows(seq_len, stride=stride, labels=labels, dtype=dtype,
-                                   columns=columns)
+                                   columns=columns, document_masking=document_masking)
         return _FieldWindows(self, seq_len, stride=stride, labels=labels, dtype=dtype,
-                             columns=columns)
+                             columns=columns, document_masking=document_masking)
 
     def documents(self, *, max_len: int | None = None, dtype: Any = "int64") -> Documents:
         """Documents as ``Dataset.documents``, with each per-token field jagged."""
@@ -329,6 +331,9 @@ class _FieldWindows(TokenWindows):
     def _window_columns(self) -> tuple[str, ...]:
         return (*super()._window_columns(), *self._ds._field_sets)
 
+    def _default_columns(self, document_masking: bool) -> tuple[str, ...]:
+        return (*super()._default_columns(document_masking), *self._ds._field_sets)
+
     def read(self, indices: Sequence[int] | np.ndarray) -> Batch:
         batch = super().read(indices)
         wanted = [name for name in self._ds._field_sets if name in self._columns]
@@ -337,7 +342,7 @@ class _FieldWindows(TokenWindows):
         columns = dict(batch.to_numpy())
         for name in wanted:
             field = self._ds._field_sets[name].windows(
-                self._seq_len, stride=self._stride, labels=self._labels, dtype="stored",
+                self._seq_len, stride=self._stride, labels=bool(self._shift), dtype="stored",
                 columns=["input_ids"])
             columns[name] = field.read(indices)["input_ids"]
         return Batch.from_columns(columns, batch.meta)

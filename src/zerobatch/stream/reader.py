@@ -587,7 +587,7 @@ class TokenWindows:
             columns[name] = records[name][:, :seq_len]
         if self._want_cu:
             schema = {**schema, "cu_seqlens": self._cu_schema(out)}
-        order = {name: columns[name] for name in self._columns}
+        order = {name: columns[name] for name in self._columns if name in columns}
         return Batch._trusted(order, idx, {name: schema[name] for name in order})
 
     def _read_records(

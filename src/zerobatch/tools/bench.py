@@ -115,8 +115,8 @@ def numpy_windows(
 def _loader(windows: Any, batch_size: int, seed: int, **settings: Any) -> Iterator[Any]:
     from zerobatch.loader import Loader
 
-    output = {} if importlib.util.find_spec("torch") else {"output": "numpy"}
-    loader = Loader(windows, batch_size, seed=seed, epochs=None, **output, **settings)
+    output: Any = "torch" if importlib.util.find_spec("torch") else "numpy"
+    loader = Loader(windows, batch_size, seed=seed, epochs=None, output=output, **settings)
     try:
         yield from loader
     finally:
@@ -127,8 +127,10 @@ def tune(
     windows: Any, batch_size: int, *, seconds: float = 0.3, seed: int = 0
 ) -> tuple[dict[str, int], float]:
     """The fastest of ``TUNING`` for ``windows`` on this machine, and its batches/s."""
-    found = rates({str(i): (lambda s=s: _loader(windows, batch_size, seed, **s))
-                   for i, s in enumerate(TUNING)}, seconds=seconds, passes=1)
+    def reader(settings: dict[str, int]) -> Callable[[], Iterator[Any]]:
+        return lambda: _loader(windows, batch_size, seed, **settings)
+
+    found = rates({str(i): reader(s) for i, s in enumerate(TUNING)}, seconds=seconds, passes=1)
     best = max(found, key=found.__getitem__)
     return dict(TUNING[int(best)]), found[best]
 
