@@ -57,6 +57,7 @@ measured in this run, passes interleaved, best of each:
    the whole dataset each epoch), ``docs/img/loader_memory.png``.
 
     python benchmarks/loader.py [--quick] [--tokens 64_000_000] [--passes 5]
+        [--headline (section 0, three runs) | --pictures (section 5)]
 """
 
 from __future__ import annotations
@@ -609,6 +610,8 @@ def main() -> None:
     parser.add_argument("--headline", action="store_true",
                         help="only section 0 (and its chart), three times")
     parser.add_argument("--seconds", type=float, default=1.0, help="per headline pass")
+    parser.add_argument("--pictures", action="store_true",
+                        help="only section 5 (resume and memory figures)")
     args = parser.parse_args()
     if args.quick:
         args.tokens, args.steps, args.passes = 8_000_000, 50, 3
@@ -619,6 +622,9 @@ def main() -> None:
     try:
         _write(work / "corpus", args.tokens)
         _warm(work / "corpus")
+        if args.pictures:
+            _pictures(open_dataset(work / "corpus").windows(SEQ_LEN, columns=COLUMNS))
+            return
         runs = 3 if args.headline else 1
         peers = _default_peers(work / "corpus", work)
         for run in range(runs):

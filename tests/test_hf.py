@@ -60,7 +60,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _windows(root: Path) -> dict[tuple[int, ...], int]:
-    windows = open_dataset(root / "corpus").windows(SEQ_LEN)
+    windows = open_dataset(root / "corpus").windows(SEQ_LEN, labels="aligned")
     rows = windows.read(np.arange(len(windows)))["input_ids"]
     table = {tuple(int(t) for t in row): i for i, row in enumerate(rows)}
     assert len(table) == len(windows)  # every window is told apart by its tokens
@@ -130,7 +130,7 @@ def test_a_source_with_its_own_label_convention(tmp_path):
     pass through as they are; labels='shifted' is refused; windows get
     aligned labels derived from input_ids and position_ids."""
     from zerobatch import Loader
-    from zerobatch.hf import IGNORE_INDEX, _TrainerData
+    from zerobatch.hf import IGNORE_INDEX, _TrainerData, aligned_labels
 
     rng = np.random.default_rng(2)
     with StreamWriter(tmp_path / "corpus") as writer:
@@ -145,9 +145,16 @@ def test_a_source_with_its_own_label_convention(tmp_path):
     assert all(a.equal(b) for a, b in zip(got, expected, strict=True))
     with pytest.raises(ValueError, match="labels='aligned'"):
         _TrainerData(Loader(documents.packed(SEQ_LEN), BATCH), ("input_ids", "labels"))
-    windows = open_dataset(tmp_path / "corpus").windows(SEQ_LEN)
+    # Windows with labels="aligned" pass through; windows with shifted labels (the
+    # default) are refused, as any source that names "shifted".
+    windows = open_dataset(tmp_path / "corpus").windows(SEQ_LEN, labels="aligned")
     batch = next(iter(_TrainerData(Loader(windows, BATCH, seed=1), ("input_ids", "labels"))))
     raw = next(iter(Loader(windows, BATCH, seed=1)))
-    starts = raw["position_ids"] == 0
-    assert (batch["labels"][starts] == IGNORE_INDEX).all()
-    assert batch["labels"][~starts].equal(raw["input_ids"][~starts])
+    assert batch["labels"].equal(raw["labels"]) and (raw["labels"] == IGNORE_INDEX).any()
+    with pytest.raises(ValueError, match="labels='aligned'"):
+        _TrainerData(Loader(open_dataset(tmp_path / "corpus").windows(SEQ_LEN), BATCH),
+                     ("input_ids", "labels"))
+    # A source naming no convention: aligned labels derived from position_ids.
+    masked = open_dataset(tmp_path / "corpus").windows(SEQ_LEN, document_masking=True)
+    derived = aligned_labels(next(iter(Loader(masked, BATCH, seed=1))))
+    assert derived["labels"].shape == (BATCH, SEQ_LEN)

@@ -50,7 +50,9 @@ class Corpus:
         starts[np.cumsum([0, *map(len, self.docs)])[:-1]] = True  # each document's first token
         mask = np.concatenate(self.masks) if self.masks else np.ones(0, np.uint8)
         aligned = self.tokens[start : start + seq_len].copy()
-        aligned[starts[start : start + seq_len] | (mask[start : start + seq_len] == 0)] = -100
+        first = starts[start : start + seq_len].copy()
+        first[0] = True  # the window's first token: a segment start too
+        aligned[first | (mask[start : start + seq_len] == 0)] = -100
         return {
             "input_ids": self.tokens[start : start + seq_len],
             "labels": self.tokens[start + 1 : start + seq_len + 1],

@@ -5,7 +5,8 @@ zerobatch source (``TokenWindows``, ``Documents``, a mixture, ...) or a
 :class:`~zerobatch.Loader`::
 
     from zerobatch.hf import Trainer
-    trainer = Trainer(model=model, args=args, train_dataset=open_dataset(path).windows(512))
+    windows = open_dataset(path).windows(512, labels="aligned")  # HF's label convention
+    trainer = Trainer(model=model, args=args, train_dataset=windows)
     trainer.train()                               # or, after a crash:
     trainer.train(resume_from_checkpoint=True)    # exactly where the checkpoint was
 
@@ -22,8 +23,9 @@ What it changes, and why:
   and wherever a ``loss_mask`` column is 0. zerobatch's own ``labels`` are
   shifted by one already (nanoGPT's convention); a Hugging Face model shifting
   them again would learn to predict two tokens ahead. A source that makes
-  aligned labels itself (``labels="aligned"``, e.g. packed documents) is
-  taken as it is; one set to ``labels="shifted"`` is refused.
+  aligned labels itself (``labels="aligned"``: windows or packed documents)
+  is taken as it is; one set to ``labels="shifted"`` (windows' default) is
+  refused.
 - **Resume at once**: each checkpoint folder gets ``zerobatch_loader.json`` (the
   Loader's position after the last batch trained on, written before
   ``trainer_state.json``). ``train(resume_from_checkpoint=...)`` loads it and

@@ -23,7 +23,7 @@ import transformers
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
 from zerobatch import Loader, open_dataset
-from zerobatch.hf import Trainer, aligned_labels
+from zerobatch.hf import Trainer
 
 BATCH, SEQ_LEN = 4, 16
 
@@ -98,7 +98,7 @@ def train(data: str, *, out: str, log: str, steps: int = 30, save_steps: int = 1
         report_to=[], dataloader_num_workers=workers, seed=0, use_cpu=True,
         disable_tqdm=True, optim="adamw_torch",
     )
-    windows = open_dataset(data).windows(SEQ_LEN)
+    windows = open_dataset(data).windows(SEQ_LEN, labels="aligned")  # Hugging Face's
     trainer = Logged(model=model(), args=args, train_dataset=windows,
                      callbacks=[Killer(kill_at)])
     trainer.train(resume_from_checkpoint=True if resume else None)
@@ -117,7 +117,7 @@ def plain_loop(windows, steps: int, path: str) -> None:
     losses = []
     loader = Loader(windows, BATCH, seed=0, epochs=None, rank=0, world_size=1)
     for _, batch in zip(range(steps), loader, strict=False):
-        loss = net(**aligned_labels(batch)).loss
+        loss = net(input_ids=batch["input_ids"], labels=batch["labels"]).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         optimizer.step()

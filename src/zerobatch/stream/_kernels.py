@@ -362,7 +362,8 @@ def _row_segments(
     + 1]``, ``cu_lengths[b]`` say where they end and how many; ``longest[b]``
     the row's longest segment; ``cursor`` carries (next ``cu`` item, next
     segment number) from row to row. With ``mask_starts``, ``labels[b]`` gets
-    -100 where a document starts (not where the window cuts one). Returns
+    -100 at each segment start (the window's first token and each document's
+    first token: no token of the row predicts them). Returns
     (the next row's first piece, code, shard)."""
     positions, seq_idx, cu, cu_offsets, cu_lengths, longest, cursor = out
     # Row views, contiguous (1-D slices of the flat planes: the loops vectorize);
@@ -382,13 +383,12 @@ def _row_segments(
         table = docs[s]
         end = np.uint64(a + m)
         segment = c
-        starts_document = table[k] == np.uint64(a)
         while True:
             k += 1  # the next document starts at column c + table[k] - a
             stop = c + m if table[k] >= end else c + np.int64(table[k]) - a
             cu[q] = segment
             q += 1
-            if mask_starts and starts_document:
+            if mask_starts:
                 labels[b, segment] = -100
             most = max(most, stop - segment)
             segment_id += 1
@@ -397,7 +397,6 @@ def _row_segments(
             if k + 1 >= table.shape[0] or table[k + 1] <= table[k]:
                 return p, BAD_DOCS, s
             segment = stop
-            starts_document = True
     cu[q] = seq_len
     q += 1
     cu_offsets[b + 1] = q

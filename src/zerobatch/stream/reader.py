@@ -361,8 +361,11 @@ class TokenWindows:
     - ``input_ids``; ``labels``: with ``labels="shifted"`` (default) the tokens
       shifted by one (``labels[:, t] == tokens[:, t + 1]``); with ``"aligned"``
       (Hugging Face's convention: the model shifts) ``input_ids`` again with
-      -100 at each document's first token and, when the dataset has a
-      ``loss_mask`` field, wherever it is 0; with ``labels=False`` none.
+      -100 at each segment's first token (each document's, and the window's
+      own first token, which no token of the row predicts: as
+      ``DataCollatorWithFlattening`` does, so ``num_items_in_batch`` counts
+      the tokens that take a loss) and, when the dataset has a ``loss_mask``
+      field, wherever it is 0; with ``labels=False`` none.
     - ``position_ids``: 0 at the window start and at every document start,
       counting up inside each segment.
     - ``cu_seqlens``: jagged int32, per window its segment starts then
