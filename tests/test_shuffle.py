@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zerobatch.plan import Plan
 from zerobatch.shuffle import _NOGIL_FROM, MAX_LENGTH, BlockShuffle, Feistel
 
 SEEDS = st.integers(min_value=-(2**70), max_value=2**70)
@@ -203,3 +204,16 @@ def test_strided_is_the_same_kernel_either_side_of_the_gil_threshold(n: int) -> 
     short = np.concatenate([p.strided(n - 3 + 3 * i, 1, 3) for i in range(count)])
     assert long.tolist() == short.tolist()
     assert long.tolist() == p(np.array([(n - 3 + 3 * i) % n for i in range(count)])).tolist()
+
+
+@pytest.mark.parametrize("block", [48, 49, 2**62, 2**63 - 1, MAX_LENGTH])
+def test_a_block_of_all_items_or_more_is_the_identity(block: int) -> None:
+    """Found by the fuzzer (a BatchServer request with block_size 2**63): a
+    block far larger than the items overflowed int64 (OverflowError)."""
+    s = BlockShuffle(48, block, seed=3)
+    positions = np.arange(48)
+    assert s(positions).tolist() == list(range(48))
+    assert s.inverse(positions).tolist() == list(range(48))
+    assert s.block_size == block and s.num_blocks == 1
+    plan = Plan(48, 4, block_size=block)
+    assert plan.indices(0, 0, 0)[0].tolist() == [0, 1, 2, 3]

@@ -364,13 +364,16 @@ class BlockShuffle:
     True
     """
 
-    __slots__ = ("_block", "_blocks", "_n", "_perm", "_tail", "_tail_slot")
+    __slots__ = ("_block", "_blocks", "_n", "_perm", "_span", "_tail", "_tail_slot")
 
     def __init__(self, n: int, block_size: int, seed: int, *, rounds: int = DEFAULT_ROUNDS) -> None:
         self._n = _check_length(n)
         self._block = _check_length(block_size, "block_size")
-        self._blocks = -(-self._n // self._block)
-        self._tail = self._n - (self._blocks - 1) * self._block
+        # A block of n items or more is one block, the identity: the arithmetic uses
+        # at most n, so positions plus a block stay inside int64 (block_size 2**63).
+        self._span = min(self._block, self._n) if self._n else self._block
+        self._blocks = -(-self._n // self._span)
+        self._tail = self._n - (self._blocks - 1) * self._span
         self._perm = Feistel(self._blocks, seed, rounds=rounds)
         self._tail_slot = self._perm.inverse(self._blocks - 1)
 
@@ -405,7 +408,7 @@ class BlockShuffle:
         pos = np.asarray(position, dtype=np.int64)
         if pos.size and (int(pos.min()) < 0 or int(pos.max()) >= self._n):
             raise IndexError(f"position out of range for a block shuffle of {self._n} items")
-        bs, tail = self._block, self._tail
+        bs, tail = self._span, self._tail
         tail_start = self._tail_slot * bs
         in_tail = (pos >= tail_start) & (pos < tail_start + tail)
         shifted = np.where(pos >= tail_start + tail, pos - tail + bs, pos)
@@ -425,7 +428,7 @@ class BlockShuffle:
         items = np.asarray(item, dtype=np.int64)
         if items.size and (int(items.min()) < 0 or int(items.max()) >= self._n):
             raise IndexError(f"item out of range for a block shuffle of {self._n} items")
-        bs = self._block
+        bs = self._span
         block, offset = np.divmod(items, bs)
         slot = self._perm.inverse(block)
         pos = slot * bs + offset - np.where(slot > self._tail_slot, bs - self._tail, 0)
