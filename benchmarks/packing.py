@@ -19,7 +19,9 @@
    contract (labels from a loss mask, position_ids, cu_seqlens, max_seqlen,
    seq_idx) against ``Loader`` over ``windows`` of the same data (input_ids,
    labels, position_ids), output numpy, batch 8, 1 reader thread. Slots/s
-   counts ``rows * seq_len``; packed rows also hold padding.
+   counts ``rows * seq_len``; packed rows also hold padding. First the same
+   per CPU second of the calling thread (num_threads=0, interleaved), which a
+   loaded machine blurs less than wall time.
 
     python benchmarks/packing.py [--quick]
 """
@@ -248,6 +250,27 @@ def throughput(root: Path, seconds: float) -> None:
             best_real = max(best_real, real / elapsed)
         return best_slots, best_real
 
+    def cpu(source: Any, batches: int = 400) -> float:
+        """Tokens per CPU second of ``batches`` batches read in the calling thread
+        (num_threads=0): what a loaded machine cannot blur as it blurs wall time."""
+        loader = Loader(source, 8, seed=2, output="numpy", num_threads=0, epochs=None)
+        steps = iter(loader)
+        for _ in range(5):  # warm: the first window packed, kernels loaded
+            next(steps)
+        tokens, start = 0, time.process_time()
+        for _ in range(batches):
+            tokens += next(steps)["input_ids"].size
+        elapsed = time.process_time() - start
+        loader.close()
+        return tokens / elapsed
+
+    cpu_ratios = []
+    for _ in range(3):  # interleaved, so both see the same load
+        w_cpu, p_cpu = cpu(windows), cpu(packed)
+        cpu_ratios.append(p_cpu / w_cpu)
+        print(f"  CPU time, calling thread: windows {w_cpu / 1e6:7.1f} M tokens/CPU-s, "
+              f"packed rows {p_cpu / 1e6:7.1f} M slots/CPU-s: {p_cpu / w_cpu:.2f}x")
+    print(f"  CPU-time ratio packed / windows, median of 3: {sorted(cpu_ratios)[1]:.2f}x")
     w_slots, _ = run(windows)
     wall_slots, _ = run(ds.windows(SEQ_LEN, columns=("input_ids", "labels", "position_ids",
                                                      "cu_seqlens", "doc_ids")))
