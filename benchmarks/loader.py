@@ -478,7 +478,9 @@ def _first_batch_after(windows: Any, steps: list[int]) -> tuple[list[float], lis
         for _ in range(3):
             start = time.perf_counter()
             loader = Loader(windows, BATCH, seed=3, epochs=None)
-            loader.load_state_dict({**loader.state_dict(), "consumed": step * BATCH})
+            epoch, at = divmod(step, len(loader))  # step k of the run: epoch and step in it
+            loader.load_state_dict({**loader.state_dict(), "epoch": epoch,
+                                    "consumed": at * BATCH})
             next(iter(loader))
             best = min(best, time.perf_counter() - start)
             loader.close()
