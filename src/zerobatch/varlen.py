@@ -76,6 +76,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import njit
 
+from zerobatch._column_hints import COLUMN_HINTS, missing_column
 from zerobatch.columnar import Jagged
 
 __all__ = ["COLUMN_HINTS", "IGNORE_INDEX", "LABEL_MODES", "OUTPUTS", "Columns",
@@ -341,28 +342,6 @@ def to_output(columns: Mapping[str, Any], output: str,
         out = {name: torch.from_numpy(np.ascontiguousarray(value))
                if isinstance(value, np.ndarray) else value for name, value in out.items()}
     return out
-
-
-COLUMN_HINTS = {
-    "position_ids": "document_masking=True",
-    "cu_seqlens": "document_masking=True",
-    "max_seqlen": "document_masking=True",
-    "seq_idx": "columns=(..., 'seq_idx')",
-    "doc_ids": "columns=(..., 'doc_ids')",
-    "metadata": "columns=(..., 'metadata')",
-    "document_metadata": "columns=(..., 'document_metadata')",
-}
-"""For each column a source computes only on request, the argument of
-``windows()`` that adds it (named by the error for a missing column)."""
-
-
-def missing_column(name: object, fields: Any) -> str:
-    """The message for a column ``name`` a batch of ``fields`` lacks."""
-    message = f"no column {name!r}; the batch has {', '.join(map(str, fields))}"
-    hint = COLUMN_HINTS.get(name) if isinstance(name, str) else None
-    if hint is not None:
-        message += f". Pass {hint} to dataset.windows(...) to compute it"
-    return message
 
 
 class Columns(dict[str, Any]):

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from zerobatch._column_hints import missing_column
 from zerobatch.columnar import frames
 from zerobatch.columnar.jagged import Jagged, as_positions
 from zerobatch.columnar.meta import BatchMeta, chunk_bounds
@@ -104,8 +105,6 @@ class Batch:
         try:
             return self._columns[name]
         except KeyError:
-            from zerobatch.varlen import missing_column  # it imports this module
-
             raise KeyError(missing_column(name, self.fields)) from None
 
     def __contains__(self, name: object) -> bool:
