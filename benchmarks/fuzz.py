@@ -887,12 +887,13 @@ def _read_wire(folder: Path, files: Files) -> None:
 
 
 def _npy_more_seeds() -> list[Files]:
-    """Token files of every dtype a folder may hold, ids at the dtype's edges."""
+    """Token files of every dtype a folder may hold, ids at the edges a read
+    takes (0 and the int32 output's largest id; mutations reach past them, where
+    reads must refuse with FormatError)."""
     out = []
     for dtype in ("<i4", "<u8", "<i8", "|u1", "<u4", "<i2"):
-        info = np.iinfo(dtype)
-        values = np.array([0, 1, info.max, info.min, info.max // 2, 7, 3, info.max - 1],
-                          dtype=dtype)
+        top = min(int(np.iinfo(dtype).max), 2**31 - 1)
+        values = np.array([0, 1, top, top // 2, 7, 3, top - 1, 0], dtype=dtype)
         files = {}
         for i, part in enumerate((values, values[::-1], values[:3])):
             buffer = io.BytesIO()

@@ -290,8 +290,10 @@ class PeerDataset(Dataset):
                 f"shards={len(self._files.shards)})")
 
     def verify(self) -> list[Problem]:
-        """Every problem with the files (one pass over them); ``[]`` when sound."""
-        return self._files.problems()
+        """Every problem with the files (one pass over them); ``[]`` when sound.
+        With a signed token dtype it also reads every token: a negative id is
+        refused by every read, so verify reports it too."""
+        return self._files.problems() + _negative_tokens(self._files)
 
     def describe(self) -> str:
         """A table describing the dataset, from its headers alone."""
@@ -301,6 +303,32 @@ class PeerDataset(Dataset):
                 ("tokens", f"{self.num_tokens:,}"), ("documents", f"{self.num_documents:,}"),
                 *self._files.facts()]
         return format_table(rows)
+
+
+_VERIFY_CHUNK = 8 * 2**20  # tokens checked per step of the negative-id scan
+
+
+def _negative_tokens(files: PeerFiles) -> list[Problem]:
+    """The first negative token id of each shard, when the dtype is signed (the
+    read kernels refuse negative ids: see ``stream/_kernels``)."""
+    dtype = files.dtype
+    if dtype.kind != "i":
+        return []
+    found = []
+    for shard in files.shards:
+        raw = files.storage.map(shard.tokens)
+        tokens = raw[shard.base:shard.base + shard.records * dtype.itemsize].view(dtype)
+        for start in range(0, tokens.size, _VERIFY_CHUNK):
+            chunk = tokens[start:start + _VERIFY_CHUNK]
+            if chunk.size and int(chunk.min()) < 0:
+                record = start + int(np.argmax(chunk < 0))
+                found.append(Problem(
+                    files.path(shard.tokens), "tokens",
+                    f"token id {int(tokens[record])} at record {record} is negative (stored "
+                    f"as {dtype.str}); token ids must be >= 0: the file is corrupt, or was "
+                    "written with a signed dtype by mistake"))
+                break
+    return found
 
 
 class _FieldFiles(PeerFiles):
