@@ -64,6 +64,7 @@ import argparse
 import contextlib
 import datetime as dt
 import faulthandler
+import gc
 import hashlib
 import http.client
 import io
@@ -1346,6 +1347,10 @@ def _run_children(target: Target, batch: list[tuple[str, Files]], report: Report
             warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
             pid = os.fork()
         if pid == 0:  # the child
+            # The parent's objects stay out of the child's collections: a collection
+            # touching a large parent heap (a test process) copies its pages on write,
+            # which the RSS budget would count against the input being read.
+            gc.freeze()
             os.close(read_fd)
             code = 0
             try:
@@ -1413,11 +1418,34 @@ def _cpu_used() -> float:
                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
 
 
+_warmed_token_kernels = False
+
+
+def _warm_token_kernels() -> None:
+    """Read windows of every stored token dtype into every output dtype once in
+    this process: an input that changes a format's dtype would otherwise
+    compile (or, with a cold Numba cache, build) a kernel in a forked child and
+    count as an allocation over budget."""
+    global _warmed_token_kernels
+    if _warmed_token_kernels:
+        return
+    with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
+        for i, files in enumerate(_npy_seeds() + _npy_more_seeds()):
+            folder = Path(tmp) / str(i)
+            folder.mkdir()
+            for name, data in files.items():
+                (folder / name).write_bytes(data)
+            _read_npy_all(folder, files)
+    _warmed_token_kernels = True
+
+
 def warm_up(target: Target) -> None:
     """Read every seed and warm-up input once in this process (imports, compiled
     kernels), so forked children start warm; one that does not read is a
     harness bug."""
     read = target.remote or target.read
+    if target.on_disk:
+        _warm_token_kernels()
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
         scratch = Scratch(Path(tmp))
         for files in [*target.seeds(), *target.warm()]:
