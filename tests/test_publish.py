@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -254,17 +253,19 @@ def test_a_killed_batch_writers_temporary_goes_at_its_rerun(tmp_path):
     assert _temporaries(tmp_path) == []
 
 
-def test_a_reused_pid_does_not_keep_a_dead_writers_file():
+def test_a_reused_pid_does_not_keep_a_dead_writers_file(tmp_path):
     """The PID in a temporary file's name keeps it only while that process may
-    be its writer: alive, and started before the file last changed."""
-    before = time.time()
+    be its writer: alive, and started before the file last changed. The
+    changes are real files' ``st_ctime``, as the sweep reads them."""
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)
+    written = tmp_path / "written-by-the-child"
     try:
-        started = publish._started_at(child.pid)
-        assert started is not None and before - 0.1 <= started <= time.time() + 0.1
-        assert publish._writer_may_live(child.pid, changed=time.time())
-        assert not publish._writer_may_live(child.pid, changed=before - 3600)  # a reuser
+        assert publish._started_at(child.pid) is not None
+        written.write_bytes(b"x")  # changed after the child started: it may be the writer
+        changed = written.stat().st_ctime
+        assert publish._writer_may_live(child.pid, changed=changed)
+        assert not publish._writer_may_live(child.pid, changed=changed - 3600)  # a reuser
     finally:
         child.communicate(b"")
-    assert not publish._writer_may_live(child.pid, changed=time.time())  # dead
+    assert not publish._writer_may_live(child.pid, changed=changed)  # dead
