@@ -131,15 +131,29 @@ class PeerFiles(ABC):
         return join(self.location.root, name)
 
     @abstractmethod
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
+        """Shard ``shard``'s document offsets from the format's own table, checked:
+        ``(field, what is wrong or None, the offsets when sound)``."""
+
     def docs(self, shard: int) -> np.ndarray:
         """Shard ``shard``'s ``documents + 1`` ``<u8`` token offsets, from 0 to its
         records, derived from the format's own table and checked (``FormatError``
         naming the file and field otherwise)."""
+        field, message, offsets = self._documents(shard)
+        if message is not None or offsets is None:
+            raise FormatError(message or "unsound",
+                              path=self.path(self.shards[shard].boundary), field=field)
+        return offsets
 
-    @abstractmethod
     def problems(self) -> list[Problem]:
         """Everything wrong with the files, in one pass over them (no tokens are
         checked against a vocabulary the format does not record)."""
+        found = []
+        for i, entry in enumerate(self.shards):
+            field, message, _ = self._documents(i)
+            if message is not None:
+                found.append(Problem(self.path(entry.boundary), field, message))
+        return found
 
     def facts(self) -> list[tuple[str, str]]:
         """Format-specific rows for ``describe``."""
@@ -344,11 +358,11 @@ class _FieldFiles(PeerFiles):
                             for s, file in zip(parent.shards, names, strict=True))
         self._parent = parent
 
-    def docs(self, shard: int) -> np.ndarray:
-        return self._parent.docs(shard)
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
+        return self._parent._documents(shard)
 
     def problems(self) -> list[Problem]:
-        return []
+        return []  # the parent reports its tables
 
 
 class _FieldWindows(TokenWindows):

@@ -161,31 +161,20 @@ class DatatroveFiles(PeerFiles):
         raw = self.storage.map(self.shards[shard].boundary)
         return raw[:raw.shape[0] // 8 * 8].view("<u8")
 
-    def _problem(self, shard: int) -> tuple[str | None, np.ndarray | None]:
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         entry = self.shards[shard]
         ends = self._ends(shard)
         if ends.shape[0] != entry.documents:
-            return "the file changed size since it was opened", None
+            return "ends", "the file changed size since it was opened", None
         offsets = np.empty(ends.shape[0] + 1, np.uint64)
         offsets[0] = 0
         offsets[1:] = ends
         message = checked_offsets(offsets, entry.records, path=self.path(entry.boundary),
                                   field="ends")
-        return message, offsets if message is None else None
-
-    def docs(self, shard: int) -> np.ndarray:
-        message, offsets = self._problem(shard)
-        if message is not None or offsets is None:
-            raise FormatError(message or "unsound", path=self.path(self.shards[shard].boundary),
-                              field="ends")
-        return offsets
+        return "ends", message, offsets if message is None else None
 
     def problems(self) -> list[Problem]:
-        found = []
-        for i, entry in enumerate(self.shards):
-            message, _ = self._problem(i)
-            if message is not None:
-                found.append(Problem(self.path(entry.boundary), "ends", message))
+        found = super().problems()
         for loss in self.fields.get("loss_mask", (None, ()))[1]:
             values = self.storage.map(loss)
             if values.shape[0] and int(values.max()) > 1:

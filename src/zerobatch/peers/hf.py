@@ -34,7 +34,6 @@ import numpy as np
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets
-from zerobatch.stream.verify import Problem
 
 __all__ = ["ARROW", "STATE", "HFFiles", "detect"]
 
@@ -176,31 +175,16 @@ class HFFiles(PeerFiles):
         shards.append(PeerShard(name, start, tokens, rows, name))
         self._offsets.append((at, rows, np.dtype(f"<i{width}")))
 
-    def docs(self, shard: int) -> np.ndarray:
-        message, offsets = self._problem(shard)
-        if message is not None or offsets is None:
-            raise FormatError(message or "unsound", path=self.path(self.shards[shard].tokens),
-                              field=self._column)
-        return offsets
-
-    def _problem(self, shard: int) -> tuple[str | None, np.ndarray | None]:
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         at, rows, dtype = self._offsets[shard]
         raw = self.storage.map(self.shards[shard].tokens)
         table = raw[at:at + (rows + 1) * dtype.itemsize].view(dtype)
         if table.shape[0] != rows + 1:
-            return "the file changed size since it was opened", None
+            return self._column, "the file changed size since it was opened", None
         offsets = table - table[0]
         message = checked_offsets(offsets, self.shards[shard].records,
                                   path=self.path(self.shards[shard].tokens), field=self._column)
-        return message, offsets.astype(np.uint64) if message is None else None
-
-    def problems(self) -> list[Problem]:
-        found = []
-        for i, entry in enumerate(self.shards):
-            message, _ = self._problem(i)
-            if message is not None:
-                found.append(Problem(self.path(entry.tokens), self._column, message))
-        return found
+        return self._column, message, offsets.astype(np.uint64) if message is None else None
 
     def facts(self) -> list[tuple[str, str]]:
         return [("column", self._column), ("record batches", f"{len(self.shards):,}")]

@@ -36,7 +36,6 @@ import numpy as np
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
-from zerobatch.stream.verify import Problem
 
 __all__ = ["INDEX", "NUMPY_CODES", "TORCH_CODES", "LitDataFiles", "detect"]
 
@@ -147,7 +146,7 @@ class LitDataFiles(PeerFiles):
             shards.append(PeerShard(name, header, dim, items, name))
         self.shards = tuple(shards)
 
-    def _problem(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         entry = self.shards[shard]
         head = read_at(self.storage, entry.tokens, 0, entry.base, path=self.path(entry.tokens),
                        field="offsets")
@@ -162,21 +161,6 @@ class LitDataFiles(PeerFiles):
         message = checked_offsets(tokens, entry.records, path=self.path(entry.tokens),
                                   field="offsets")
         return "offsets", message, tokens.astype(np.uint64) if message is None else None
-
-    def docs(self, shard: int) -> np.ndarray:
-        field, message, offsets = self._problem(shard)
-        if message is not None or offsets is None:
-            raise FormatError(message or "unsound", path=self.path(self.shards[shard].tokens),
-                              field=field)
-        return offsets
-
-    def problems(self) -> list[Problem]:
-        found = []
-        for i, entry in enumerate(self.shards):
-            field, message, _ = self._problem(i)
-            if message is not None:
-                found.append(Problem(self.path(entry.tokens), field, message))
-        return found
 
     def facts(self) -> list[tuple[str, str]]:
         return [("chunks", f"{len(self.shards):,}")]

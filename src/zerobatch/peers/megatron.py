@@ -45,7 +45,6 @@ import numpy as np
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
 from zerobatch.peers._kernels import BAD_INDICES, BAD_LENGTH, BAD_POINTER, megatron_offsets
-from zerobatch.stream.verify import Problem
 
 __all__ = ["DTYPE_CODES", "HEADER_SIZE", "MAGIC", "VERSION", "MegatronFiles", "detect"]
 
@@ -183,7 +182,7 @@ class MegatronFiles(PeerFiles):
         at += 8 * sequences
         return lengths, pointers, raw[at:at + 8 * count].view("<i8")
 
-    def _problem(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         """(field, what is wrong or None, the document offsets when sound)."""
         entry, itemsize = self.shards[shard], self.dtype.itemsize
         if self.storage.size(entry.boundary) != _expected_size(self._heads[shard]):
@@ -201,21 +200,6 @@ class MegatronFiles(PeerFiles):
             return "document_indices", (f"document index {at} goes backwards or past the "
                                         "sequences"), None
         return "document_indices", None, offsets
-
-    def docs(self, shard: int) -> np.ndarray:
-        field, message, offsets = self._problem(shard)
-        if message is not None or offsets is None:
-            raise FormatError(message or "unsound", path=self.path(self.shards[shard].boundary),
-                              field=field)
-        return offsets
-
-    def problems(self) -> list[Problem]:
-        found = []
-        for i, entry in enumerate(self.shards):
-            field, message, _ = self._problem(i)
-            if message is not None:
-                found.append(Problem(self.path(entry.boundary), field, message))
-        return found
 
     def facts(self) -> list[tuple[str, str]]:
         return [("sequences", f"{sum(h[0] for h in self._heads):,}"),

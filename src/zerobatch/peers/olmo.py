@@ -35,7 +35,6 @@ import numpy as np
 
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
-from zerobatch.stream.verify import Problem
 
 __all__ = ["DTYPES", "NUMPY_MAGIC", "OlmoFiles"]
 
@@ -93,7 +92,7 @@ class OlmoFiles(PeerFiles):
             shards.append(PeerShard(name, 0, records, 1 if records else 0, boundary))
         self.shards = tuple(shards)
 
-    def _offsets(self, shard: int) -> tuple[str | None, np.ndarray | None]:
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         entry = self.shards[shard]
         if entry.boundary != entry.tokens:
             raw = bytes(self.storage.map(entry.boundary))
@@ -102,9 +101,10 @@ class OlmoFiles(PeerFiles):
                 rows = np.loadtxt(io.StringIO(text), delimiter=",", usecols=(0, 1),
                                   dtype=np.int64, ndmin=2)
             except (OSError, EOFError, ValueError, UnicodeDecodeError) as error:
-                return f"expected gzip'd lines 'start,end,...' ({error})", None
+                return "documents", f"expected gzip'd lines 'start,end,...' ({error})", None
             if rows.shape[0] and (rows[1:, 0] != rows[:-1, 1]).any():
-                return "documents do not tile the file (a start is not the previous end)", None
+                return ("documents",
+                        "documents do not tile the file (a start is not the previous end)", None)
             offsets = np.concatenate([rows[:1, 0], rows[:, 1]]) if rows.shape[0] else \
                 np.zeros(1, np.int64)
         else:
@@ -116,22 +116,7 @@ class OlmoFiles(PeerFiles):
             offsets = found if found[-1] == entry.records else np.append(found, entry.records)
         message = checked_offsets(offsets, entry.records, path=self.path(entry.boundary),
                                   field="documents")
-        return message, offsets.astype(np.uint64) if message is None else None
-
-    def docs(self, shard: int) -> np.ndarray:
-        message, offsets = self._offsets(shard)
-        if message is not None or offsets is None:
-            raise FormatError(message or "unsound", path=self.path(self.shards[shard].boundary),
-                              field="documents")
-        return offsets
-
-    def problems(self) -> list[Problem]:
-        found = []
-        for i, entry in enumerate(self.shards):
-            message, _ = self._offsets(i)
-            if message is not None:
-                found.append(Problem(self.path(entry.boundary), "documents", message))
-        return found
+        return "documents", message, offsets.astype(np.uint64) if message is None else None
 
     def facts(self) -> list[tuple[str, str]]:
         how = "csv.gz" if any(s.boundary != s.tokens for s in self.shards) else \
