@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zerobatch.varlen import IGNORE_INDEX, to_output, varlen_columns
+from zerobatch.varlen import IGNORE_INDEX, segment_layout, to_output, varlen_columns
 
 
 @st.composite
@@ -88,3 +88,18 @@ def test_outputs() -> None:
     assert str(torch_cols["cu_seqlens"].dtype) == "torch.int32"
     jax_cols = to_output(cols, "jax")
     assert set(jax_cols) == {"input_ids", "labels", "segment_ids", "positions"}
+
+
+@given(st.lists(st.lists(st.integers(1, 5), max_size=4), min_size=0, max_size=5))
+@settings(max_examples=60, deadline=None)
+def test_segment_layout_is_the_contracts_layout(rows: list[list[int]]) -> None:
+    seq_len = 20
+    layout = segment_layout(rows, len(rows), seq_len)
+    ids = np.zeros((len(rows), seq_len), np.int64)
+    full = varlen_columns(ids, rows, labels=None)
+    for name in ("position_ids", "seq_idx", "segment_ids", "cu_seqlens"):
+        np.testing.assert_array_equal(layout[name], full[name])
+    assert layout["max_seqlen"] == full["max_seqlen"]
+    assert layout["used"].tolist() == [sum(row) for row in rows]
+    with pytest.raises(ValueError, match="row 0"):
+        segment_layout([[seq_len + 1]], 1, seq_len)

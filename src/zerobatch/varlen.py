@@ -91,72 +91,14 @@ OUTPUTS = ("numpy", "torch", "jax")
 
 
 @njit(cache=True, nogil=True)
-def _layout(seg_values: np.ndarray, seg_offsets: np.ndarray, rows: int, seq_len: int,
-            position_ids: np.ndarray, seq_idx: np.ndarray, segment_ids: np.ndarray,
-            cu: np.ndarray, used: np.ndarray) -> tuple[int, int, int]:
-    """Fill the per-token columns and ``cu`` (room for ``rows * (seq_len + 1) + 1``
-    boundaries); returns (segments, max_seqlen, bad row or -1)."""
-    s = 0
-    longest = 0
-    cu[0] = 0
-    for b in range(rows):
-        base = b * seq_len
-        at = 0
-        local = 1
-        for j in range(seg_offsets[b], seg_offsets[b + 1]):
-            n = seg_values[j]
-            if n < 1 or at + n > seq_len:
-                return s, longest, b
-            for i in range(n):
-                position_ids[b, at + i] = i
-                seq_idx[b, at + i] = s
-                segment_ids[b, at + i] = local
-            at += n
-            s += 1
-            local += 1
-            cu[s] = base + at
-            if n > longest:
-                longest = n
-        used[b] = at
-        if at < seq_len:  # the padding tail: a segment of its own
-            for i in range(seq_len - at):
-                position_ids[b, at + i] = i
-                seq_idx[b, at + i] = s
-                segment_ids[b, at + i] = 0
-            if seq_len - at > longest:
-                longest = seq_len - at
-            s += 1
-            cu[s] = base + seq_len
-    return s, longest, -1
-
-
-@njit(cache=True, nogil=True)
-def _labels(input_ids: np.ndarray, position_ids: np.ndarray, used: np.ndarray,
-            loss_mask: np.ndarray, has_mask: bool, aligned: bool, out: np.ndarray) -> None:
-    rows, seq_len = input_ids.shape
-    for b in range(rows):
-        n = used[b]
-        for i in range(seq_len):
-            value = -100
-            if i < n:
-                if aligned:
-                    if position_ids[b, i] != 0 and (not has_mask or loss_mask[b, i] != 0):
-                        value = input_ids[b, i]
-                elif (i + 1 < n and position_ids[b, i + 1] != 0
-                      and (not has_mask or loss_mask[b, i + 1] != 0)):
-                    value = input_ids[b, i + 1]
-            out[b, i] = value
-
-
-
-@njit(cache=True, nogil=True)
 def _columns(input_ids: np.ndarray, seg_values: np.ndarray, seg_offsets: np.ndarray,
              loss_mask: np.ndarray, has_mask: bool, mode: int, jax: bool,
              attention: bool, labels: np.ndarray, position_ids: np.ndarray,
              seq_idx: np.ndarray, segment_ids: np.ndarray, attention_mask: np.ndarray,
              cu: np.ndarray) -> tuple[int, int, int]:
-    """:func:`_layout` and :func:`_labels` in one pass over each row (``mode``:
-    0 no labels, 1 shifted, 2 aligned); ``segment_ids`` only with ``jax``,
+    """Fill the per-token columns, ``cu`` (room for ``rows * (seq_len + 1) + 1``
+    boundaries) and the labels in one pass over each row (``mode``: 0 no
+    labels, 1 shifted, 2 aligned); ``segment_ids`` only with ``jax``,
     ``attention_mask`` only with ``attention``. Returns (segments, max_seqlen,
     bad row or -1)."""
     rows, seq_len = input_ids.shape
@@ -242,19 +184,22 @@ def segment_layout(seqlens: Any, rows: int, seq_len: int) -> dict[str, Any]:
     position_ids = np.empty((rows, seq_len), np.int64)
     seq_idx = np.empty((rows, seq_len), np.int32)
     segment_ids = np.empty((rows, seq_len), np.int32)
-    cu = np.empty(values.shape[0] + rows + 1, np.int64)
-    used = np.empty(rows, np.int64)
-    count, longest, bad = _layout(values, offsets, rows, seq_len, position_ids, seq_idx,
-                                  segment_ids, cu, used)
+    cu = np.empty(values.shape[0] + rows + 1, np.int32)
+    unused = np.zeros((0, 0), np.int64)  # mode 0 reads no tokens and writes no labels
+    count, longest, bad = _columns(np.zeros((rows, seq_len), np.int64), values, offsets,
+                                   np.zeros((0, 0), np.uint8), False, 0, True, False, unused,
+                                   position_ids, seq_idx, segment_ids, unused, cu)
     if bad >= 0:
         lengths = values[offsets[bad]:offsets[bad + 1]].tolist()
         raise ValueError(f"row {bad}'s segment lengths {lengths} must each be >= 1 and sum "
                          f"to at most seq_len={seq_len}")
     if rows * seq_len >= 2**31:
         raise ValueError(f"{rows} rows of {seq_len} tokens overflow int32 cu_seqlens")
+    used = np.add.reduceat(np.append(values, 0), offsets[:-1]) if rows else np.zeros(0)
+    used[offsets[:-1] == offsets[1:]] = 0  # rows of no segment: reduceat gives the next value
     return {"position_ids": position_ids, "seq_idx": seq_idx, "segment_ids": segment_ids,
-            "cu_seqlens": cu[:count + 1].astype(np.int32), "max_seqlen": int(longest),
-            "used": used}
+            "cu_seqlens": cu[:count + 1], "max_seqlen": int(longest),
+            "used": used.astype(np.int64)}
 
 
 def varlen_columns(
