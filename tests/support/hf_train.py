@@ -13,13 +13,13 @@ over the same Loader's batches and writes its losses to ``log + ".plain"``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 
 import torch
 import transformers
+from training_runs import run_each  # this folder: the scripts run as files
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments
 
 from zerobatch import Loader, open_dataset
@@ -45,24 +45,7 @@ class Killer(TrainerCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--train", action="append", type=json.loads, required=True)
-    options = parser.parse_args()
-    if len(options.train) == 1:
-        train(options.data, **options.train[0])
-        return
-    for run in options.train:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                train(options.data, **run)
-            finally:
-                os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        if killed != ("kill_at" in run) or (not killed and os.waitstatus_to_exitcode(status)):
-            raise SystemExit(f"run {run} ended with status {status}")
+    run_each(train)
 
 
 def train(data: str, *, out: str, log: str, steps: int = 30, save_steps: int = 10,

@@ -15,13 +15,13 @@ one process, so Lightning is imported once.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 
 import lightning as L
 import torch
+from training_runs import run_each  # this folder: the scripts run as files
 
 from zerobatch import Loader, open_dataset
 from zerobatch.torch import DataLoader
@@ -77,24 +77,7 @@ def train(data: str, *, out: str, log: str, steps: int, save_every: int, workers
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--data", required=True)
-    parser.add_argument("--train", action="append", type=json.loads, required=True)
-    options = parser.parse_args()
-    if len(options.train) == 1:
-        train(options.data, **options.train[0])
-        return
-    for run in options.train:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                train(options.data, **run)
-            finally:
-                os._exit(0)
-        _, status = os.waitpid(pid, 0)
-        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
-        if killed != ("kill_at" in run) or (not killed and os.waitstatus_to_exitcode(status)):
-            raise SystemExit(f"run {run} ended with status {status}")
+    run_each(train)
 
 
 if __name__ == "__main__":
