@@ -194,6 +194,7 @@ class BatchFileReader:
             raise ValueError(f"{path!r} is a local path; storage_options apply only to "
                              "object-store URLs")
         self._shards: list[Any] = []
+        self._fingerprint: str | None = None  # computed on first use: two reads
         try:
             self._open()
         except BaseException:
@@ -322,12 +323,15 @@ class BatchFileReader:
         """Identifies the file(s) a loader state belongs to: header fields, shard
         sizes and a hash of the first and last batches' tokens (two reads, so a
         file of the same shape and write seed but other tokens differs)."""
-        sizes = ",".join(str(shard.header.file_size) for shard in self._shards)
-        ends = xxhash.xxh3_64()
-        ends.update(np.ascontiguousarray(self.read_batch(0)).data)
-        ends.update(np.ascontiguousarray(self.read_batch(self.num_batches - 1)).data)
-        return (f"llmbatch:{self.num_batches}:{self.batch_size}:{self.seq_len}:"
+        if self._fingerprint is None:
+            sizes = ",".join(str(shard.header.file_size) for shard in self._shards)
+            ends = xxhash.xxh3_64()
+            ends.update(np.ascontiguousarray(self.read_batch(0)).data)
+            ends.update(np.ascontiguousarray(self.read_batch(self.num_batches - 1)).data)
+            self._fingerprint = (
+                f"llmbatch:{self.num_batches}:{self.batch_size}:{self.seq_len}:"
                 f"{self.dtype.str}:{self.seed}:{self.total_records}:{sizes}:{ends.hexdigest()}")
+        return self._fingerprint
 
     def read(self, indices: Any) -> Batch:
         """The batches at ``indices`` as a ``Batch`` whose observations are whole
