@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from zerobatch.errors import FormatError
-from zerobatch.peers import datatrove, hf, litdata, megatron
+from zerobatch.peers import datatrove, hf, litdata, mds, megatron
 from zerobatch.peers._base import Location, PeerDataset, PeerFiles, locate
 from zerobatch.peers.copy import copy_to_stream
 from zerobatch.peers.datatrove import DatatroveFiles
 from zerobatch.peers.hf import HFFiles
 from zerobatch.peers.litdata import LitDataFiles
+from zerobatch.peers.mds import MDSFiles
 from zerobatch.peers.megatron import MegatronFiles
 from zerobatch.peers.olmo import OlmoFiles
 from zerobatch.stream.reader import Dataset, register_peer_formats
@@ -33,6 +34,7 @@ FORMATS: dict[str, type[PeerFiles]] = {
     "datatrove": DatatroveFiles,
     "hf": HFFiles,
     "litdata": LitDataFiles,
+    "mds": MDSFiles,
     "olmo": OlmoFiles,
 }
 """Every peer format by name. ``detect`` tries all but OLMo's, whose raw
@@ -40,7 +42,8 @@ FORMATS: dict[str, type[PeerFiles]] = {
 
 
 _DETECT: dict[str, Any] = {"megatron": megatron.detect, "datatrove": datatrove.detect,
-                           "hf": hf.detect, "litdata": litdata.detect}
+                           "hf": hf.detect, "litdata": litdata.detect,
+                           "mds": mds.detect}
 
 
 def detect(location: Location) -> str | None:

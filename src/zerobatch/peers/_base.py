@@ -26,6 +26,7 @@ from zerobatch._text import format_table
 from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
+from zerobatch.stream._kernels import SHARD
 from zerobatch.stream.index import MappedIndex, ShardError
 from zerobatch.stream.manifest import OFFSET_DTYPE, TOKENS, Manifest, Shard
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows
@@ -115,6 +116,10 @@ class PeerFiles(ABC):
     fields: dict[str, tuple[np.dtype, tuple[str, ...]]]
     """Per-token fields kept in files of their own (datatrove's ``.ds.loss``):
     name -> (dtype, one headerless file per shard, records aligned with its tokens)."""
+    scattered = False
+    """Whether a shard's records are pieces of its file rather than one array at
+    ``base`` (MDS: one piece per sample); such a format reads them itself
+    (``read_scattered``)."""
 
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         self.location = location
@@ -154,6 +159,13 @@ class PeerFiles(ABC):
             if message is not None:
                 found.append(Problem(self.path(entry.boundary), field, message))
         return found
+
+    def read_scattered(self, shards: np.ndarray, requests: np.ndarray,
+                       buffer: np.ndarray) -> None:
+        """Run a dataset's read ``requests`` (``(4, P)``: handle, byte offset, bytes
+        and destination, over each shard's records as if they were one array)
+        into ``buffer``; only for ``scattered`` formats."""
+        raise NotImplementedError(f"{self.format} records are one array per shard")
 
     def facts(self) -> list[tuple[str, str]]:
         """Format-specific rows for ``describe``."""
@@ -268,6 +280,16 @@ class PeerDataset(Dataset):
     def _token_file(self, shard: int) -> str:
         return self._files.shards[shard].tokens
 
+    def _read_records(self, pieces: np.ndarray, requests: np.ndarray, closed: int,
+                      buffer: np.ndarray) -> np.ndarray:
+        if not self._files.scattered:
+            return super()._read_records(pieces, requests, closed, buffer)
+        shards = pieces[:, SHARD]
+        if closed >= 0:
+            requests[0] = self._open(shards)[shards]
+        self._files.read_scattered(shards, requests, buffer)
+        return buffer.view(self._manifest.record_dtype)
+
     def _shard_error(self, shard: int, suffix: str, field: str, message: str) -> FormatError:
         entry = self._files.shards[shard]
         name = entry.tokens if suffix == TOKENS else entry.boundary
@@ -326,7 +348,7 @@ def _negative_tokens(files: PeerFiles) -> list[Problem]:
     """The first negative token id of each shard, when the dtype is signed (the
     read kernels refuse negative ids: see ``stream/_kernels``)."""
     dtype = files.dtype
-    if dtype.kind != "i":
+    if dtype.kind != "i" or files.scattered:  # a scattered format checks its own
         return []
     found = []
     for shard in files.shards:

@@ -1,0 +1,662 @@
+"""MosaicML Streaming (MDS) shards with a token column, read in place.
+
+A folder (or prefix) holds ``index.json`` and the shard files it lists, as
+``streaming.MDSWriter`` writes them:
+
+``index.json``
+    ``{"version": 2, "shards": [{"format": "mds", "version": 2, "samples": n,
+    "column_names": [...], "column_encodings": [...], "column_sizes": [...],
+    "compression": null, "hashes": [...], "raw_data": {"basename", "bytes",
+    "hashes"}, "zip_data": null, "size_limit": ...}, …]}``. Columns are in
+    name order; ``column_sizes`` is a column's fixed size in bytes, or null.
+shard file
+    ``<u4 n | <u4 offsets[n + 1] | config JSON | samples``: ``offsets`` are
+    absolute byte offsets of each sample, the last the file size.
+sample
+    ``<u4 size`` of each column whose size is null, in column order, then each
+    column's bytes in column order.
+token column ``ndarray:<dtype>``
+    ``<u1 ndim << 2 | c`` (``c``: 0 u1, 1 u2, 2 u4, 3 u8 for the shape), the
+    shape (``ndim`` of those), then the values, little-endian. With a fixed
+    shape (``ndarray:<dtype>:<d0,d1,…>``) only the values.
+
+Each sample is one document; its tokens are its token column's values
+(flattened in C order), so a shard's tokens are pieces of the file, one per
+sample, not one array. ``MDSFiles`` keeps, per shard, where each sample's
+values start and how many tokens it has, and reads a batch's records as one
+request per (window, sample) piece, with each piece's sample header read and
+checked in the same call (``read_scattered``).
+
+What opening costs: MDS records no token counts, so with a dynamic shape the
+tokens per sample come from each shard's offsets table (one read of
+``4 * (n + 2)`` bytes per shard, all shards in one call; with other
+variable-size columns also the ``4 * columns`` size prefix of every sample).
+With a fixed shape and only fixed-size columns, opening reads ``index.json``
+alone, and a shard's table is derived when it is first read. Compression
+refuses (decompress, or write with ``compression=None``); ``hashes`` are not
+checked. Samples of a dynamic shape are taken as 1-D: each piece read checks
+its sample header (size prefix, ``ndim == 1``, shape), and ``verify`` checks
+every sample.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from zerobatch._json import load_json
+from zerobatch.errors import FormatError
+from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
+from zerobatch.stream.verify import Problem
+
+__all__ = ["INDEX", "VALUE_DTYPES", "MDSFiles", "detect"]
+
+INDEX = "index.json"
+VALUE_DTYPES: dict[str, np.dtype] = {
+    "uint8": np.dtype("u1"), "int8": np.dtype("i1"), "uint16": np.dtype("<u2"),
+    "int16": np.dtype("<i2"), "uint32": np.dtype("<u4"), "int32": np.dtype("<i4"),
+    "int64": np.dtype("<i8"), "uint64": np.dtype("<u8")}
+"""The integer dtypes of MDS's ``ndarray`` encoding (token ids)."""
+_MAX_INDEX = 1 << 30  # bytes of an index.json parsed
+_SHAPE_BYTES = (1, 2, 4, 8)  # shape dtype code -> bytes of each dimension
+_FIXED = {"uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "int8": 1, "int16": 2,
+          "int32": 4, "int64": 8, "float16": 2, "float32": 4, "float64": 8}
+
+
+def _index_path(location: Location) -> str | Path:
+    root = location.root
+    return f"{root}/{INDEX}" if isinstance(root, str) else root / INDEX
+
+
+def read_index(location: Location) -> Any:
+    """``index.json`` at ``location``, parsed (size capped first)."""
+    where = _index_path(location)
+    try:
+        size = location.storage.size(INDEX)
+    except FileNotFoundError:
+        raise FormatError("file is missing: not an MDS dataset", path=where,
+                          field="index") from None
+    if size > _MAX_INDEX:
+        raise FormatError(f"larger than {_MAX_INDEX} bytes", path=where, field="index")
+    raw = read_at(location.storage, INDEX, 0, size, path=where, field="index")
+    return load_json(raw, path=where, field="index", max_bytes=_MAX_INDEX)
+
+
+def detect(location: Location) -> bool:
+    """Whether ``location`` holds an MDS ``index.json`` (shards of format ``mds``)."""
+    if location.stem is not None or INDEX not in location.names:
+        return False
+    try:
+        raw = read_index(location)
+    except (FormatError, OSError):
+        return False
+    shards = raw.get("shards") if isinstance(raw, dict) else None
+    return (isinstance(shards, list) and bool(shards) and isinstance(shards[0], dict)
+            and shards[0].get("format") == "mds")
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where the token column sits in every sample (the same in all shards)."""
+
+    column: str
+    position: int  # index among the columns
+    dtype: np.dtype
+    shape: tuple[int, ...] | None  # fixed shape, or None (a header per sample)
+    sizes: tuple[int | None, ...]  # each column's fixed size, or None
+    variable: tuple[int, ...]  # the columns with a size prefix, in order
+
+    @property
+    def fixed_sample(self) -> int | None:
+        """Bytes of every sample when all columns are fixed, else None."""
+        return None if self.variable else sum(s or 0 for s in self.sizes)
+
+
+@dataclass(frozen=True)
+class _Table:
+    """One shard's samples: token offsets (``[n + 1]``, from 0), where each
+    sample's values start in the file, where the sample starts, and its
+    header bytes before the values (0 with a fixed shape)."""
+
+    tokens: npt.NDArray[np.int64]
+    values: npt.NDArray[np.int64]
+    begins: npt.NDArray[np.int64]
+    headers: npt.NDArray[np.int64]
+
+
+class MDSFiles(PeerFiles):
+    """The shards of an MDS dataset with an integer ``ndarray`` token column
+    (see the module docstring). Option ``column=``: the token column, when
+    there is more than one integer ``ndarray`` column."""
+
+    format = "mds"
+    scattered = True
+
+    def __init__(self, location: Location, options: dict[str, Any]) -> None:
+        super().__init__(location, options)
+        unknown = set(options) - {"column"}
+        if unknown:
+            raise TypeError(f"MDS takes only column=, got {sorted(unknown)}")
+        self._where = _index_path(location)
+        raw = read_index(location)
+        if not isinstance(raw, dict) or not isinstance(raw.get("shards"), list):
+            raise self._fail("expected an object with shards (a list)", "index")
+        if raw.get("version") != 2:
+            raise self._fail(f"expected version 2, found {raw.get('version')!r:.80}", "version")
+        entries: list[Any] = raw["shards"]
+        self._layout = self._choose(entries, options.get("column"))
+        self.dtype = self._layout.dtype
+        names = set(location.names)
+        self._lock = threading.Lock()
+        self._tables: dict[int, _Table] = {}
+        self._samples: list[int] = []
+        self._bytes: list[int] = []
+        files = []
+        for i, entry in enumerate(entries):
+            files.append(self._shard_file(i, entry, names))
+        self._files = tuple(files)
+        self._header_bytes = [4 * (n + 2) for n in self._samples]
+        records = self._records()
+        self.shards = tuple(
+            PeerShard(name, self._first_value(i), records[i], self._samples[i], name)
+            for i, name in enumerate(files))
+
+    # -- index.json ---------------------------------------------------------
+
+    def _fail(self, message: str, field: str) -> FormatError:
+        return FormatError(message, path=self._where, field=field)
+
+    def _choose(self, entries: list[Any], column: Any) -> _Layout:
+        """The token column's layout, the same in every shard."""
+        layout: _Layout | None = None
+        for i, entry in enumerate(entries):
+            found = self._layout_of(i, entry, column)
+            if layout is not None and found != layout:
+                raise self._fail("columns differ from shards[0]'s; MDS writes one set of "
+                                 "columns per dataset", f"shards[{i}].column_encodings")
+            layout = found
+        if layout is None:
+            raise self._fail("no shards", "shards")
+        return layout
+
+    def _layout_of(self, i: int, entry: Any, column: Any) -> _Layout:
+        where = f"shards[{i}]"
+        if not isinstance(entry, dict):
+            raise self._fail("expected an object", where)
+        if entry.get("format") != "mds" or entry.get("version") != 2:
+            raise self._fail(f"expected format 'mds' version 2, found "
+                             f"{entry.get('format')!r:.40} {entry.get('version')!r:.40}",
+                             f"{where}.format")
+        if entry.get("compression") is not None or entry.get("zip_data") is not None:
+            raise self._fail(f"compressed shards ({entry.get('compression')!r:.40}) are not "
+                             "read in place: write them with compression=None, or "
+                             "decompress them", f"{where}.compression")
+        names, encodings, sizes = (entry.get(k) for k in
+                                   ("column_names", "column_encodings", "column_sizes"))
+        if not (isinstance(names, list) and isinstance(encodings, list)
+                and isinstance(sizes, list) and len(names) == len(encodings) == len(sizes)
+                and names and all(isinstance(n, str) for n in names)
+                and all(isinstance(e, str) for e in encodings)):
+            raise self._fail("expected column_names, column_encodings and column_sizes: "
+                             "lists of one length, names and encodings strings",
+                             f"{where}.column_names")
+        for c, size in enumerate(sizes):
+            if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                     or size < 0 or size >= 1 << 32):
+                raise self._fail(f"expected null or a size in bytes, found {size!r:.40}",
+                                 f"{where}.column_sizes[{c}]")
+        tokens = [c for c, e in enumerate(encodings)
+                  if e.split(":")[0] == "ndarray" and e.split(":")[1:2] != []
+                  and e.split(":")[1] in VALUE_DTYPES]
+        if column is not None:
+            if column not in names:
+                raise ValueError(f"column={column!r} is not a column of {self._where} "
+                                 f"(columns: {', '.join(names)})")
+            position = names.index(column)
+            if position not in tokens:
+                raise self._fail(f"column {column!r} is {encodings[position]!r:.60}; tokens are "
+                                 "read from an ndarray of an integer dtype (ndarray:uint16, "
+                                 "ndarray:int32, ...)", f"{where}.column_encodings")
+        elif len(tokens) != 1:
+            what = ", ".join(f"{names[c]} ({encodings[c]})" for c in tokens) or "none"
+            raise self._fail(f"expected one ndarray column of an integer dtype, found {what}: "
+                             "pass column= to name the token column",
+                             f"{where}.column_encodings")
+        else:
+            position = tokens[0]
+        parts = encodings[position].split(":")
+        dtype = VALUE_DTYPES[parts[1]]
+        shape: tuple[int, ...] | None = None
+        if len(parts) == 3:
+            try:
+                shape = tuple(int(d) for d in parts[2].split(","))
+            except ValueError:
+                shape = ()
+            if not shape or min(shape) < 1:
+                raise self._fail(f"expected a shape of positive sizes, found {parts[2]!r:.60}",
+                                 f"{where}.column_encodings")
+            want = int(np.prod(shape)) * dtype.itemsize
+            if sizes[position] != want:
+                raise self._fail(f"column {names[position]!r} of shape {shape} has "
+                                 f"{want} bytes, column_sizes gives {sizes[position]!r:.40}",
+                                 f"{where}.column_sizes")
+        elif len(parts) != 2 or sizes[position] is not None:
+            raise self._fail(f"expected ndarray:<dtype> with a null size or "
+                             f"ndarray:<dtype>:<shape>, found {encodings[position]!r:.60} of "
+                             f"size {sizes[position]!r:.40}", f"{where}.column_encodings")
+        for c, encoding in enumerate(encodings):
+            known = _FIXED.get(encoding)
+            if known is not None and sizes[c] != known:
+                raise self._fail(f"column {names[c]!r} ({encoding}) has {known} bytes, "
+                                 f"column_sizes gives {sizes[c]!r:.40}",
+                                 f"{where}.column_sizes[{c}]")
+        return _Layout(names[position], position, dtype, shape, tuple(sizes),
+                       tuple(c for c, s in enumerate(sizes) if s is None))
+
+    def _shard_file(self, i: int, entry: dict[str, Any], names: set[str]) -> str:
+        where = f"shards[{i}]"
+        samples = entry.get("samples")
+        if isinstance(samples, bool) or not isinstance(samples, int) or not 0 <= samples < 1 << 30:
+            raise self._fail(f"expected a count of samples, found {samples!r:.40}",
+                             f"{where}.samples")
+        data = entry.get("raw_data")
+        name = data.get("basename") if isinstance(data, dict) else None
+        size = data.get("bytes") if isinstance(data, dict) else None
+        if not isinstance(name, str) or "/" in name or "\\" in name or name not in names:
+            raise self._fail(f"expected a shard file of the folder, found {name!r:.80}",
+                             f"{where}.raw_data.basename")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise self._fail(f"expected a size in bytes, found {size!r:.40}",
+                             f"{where}.raw_data.bytes")
+        actual = int(self.storage.size(name))
+        if actual != size:
+            raise FormatError(f"index.json gives {size} bytes, the file has {actual}; "
+                              "truncated or not fully written?", path=self.path(name),
+                              field="bytes")
+        if size >= 1 << 32 or size < 4 * (samples + 2):
+            raise FormatError(f"{size} bytes cannot hold {samples} samples (MDS shards are "
+                              "under 4 GiB and open with a table of 4 * (samples + 2) bytes)",
+                              path=self.path(name), field="bytes")
+        self._samples.append(samples)
+        self._bytes.append(size)
+        return name
+
+    # -- per-shard tables ------------------------------------------------------
+
+    def _records(self) -> list[int]:
+        """Tokens of every shard: from the layout alone with a fixed sample size,
+        else from every shard's offsets table (one read_into call)."""
+        layout = self._layout
+        if layout.fixed_sample is not None:
+            assert layout.shape is not None  # a fixed sample has a fixed token shape
+            per = int(np.prod(layout.shape))
+            for i, n in enumerate(self._samples):
+                if self._bytes[i] < self._header_bytes[i] + n * layout.fixed_sample:
+                    raise FormatError(
+                        f"{self._bytes[i]} bytes cannot hold {n} samples of "
+                        f"{layout.fixed_sample} bytes", path=self.path(self._files[i]),
+                        field="bytes")
+            return [n * per for n in self._samples]
+        offsets = self._offsets_tables(range(len(self._files)))
+        prefixes = (self._prefix_tables(list(range(len(offsets))), offsets)
+                    if len(layout.variable) > 1 else None)
+        records = []
+        for i, table in enumerate(offsets):
+            built = self._build(i, table, None if prefixes is None else prefixes[i])
+            self._tables[i] = built
+            records.append(int(built.tokens[-1]))
+        return records
+
+    def _read(self, names: list[int], starts: list[int], counts: list[int],
+              field: str) -> list[npt.NDArray[np.uint8]]:
+        """``counts[j]`` bytes at ``starts[j]`` of shard ``names[j]``'s file, in one
+        storage call; ``FormatError`` naming the shard and ``field`` when short."""
+        storage = self.storage
+        handles = np.array([storage.open(self._files[s]) for s in names], np.int64)
+        lengths = np.array(counts, np.int64)
+        dest = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(lengths, out=dest[1:])
+        buffer = np.empty(int(dest[-1]), np.uint8)
+        short = storage.read_into(handles, np.array(starts, np.int64), lengths, buffer, dest[:-1])
+        if short >= 0:
+            raise FormatError(f"file ends before byte {starts[short] + counts[short]}; "
+                              "truncated or not fully written?",
+                              path=self.path(self._files[names[short]]), field=field)
+        return [buffer[dest[j]:dest[j + 1]] for j in range(len(counts))]
+
+    def _offsets_tables(self, shards: Any) -> list[npt.NDArray[np.int64]]:
+        """The checked sample offsets (``[n + 1]``) of ``shards``."""
+        chosen = list(shards)
+        raw = self._read(chosen, [0] * len(chosen), [self._header_bytes[s] for s in chosen],
+                         "offsets")
+        tables = []
+        for s, data in zip(chosen, raw, strict=True):
+            table = data.view("<u4").astype(np.int64)
+            n, path = self._samples[s], self.path(self._files[s])
+            if int(table[0]) != n:
+                raise FormatError(f"index.json gives {n} samples, the shard {int(table[0])}",
+                                  path=path, field="samples")
+            offsets = table[1:]
+            if int(offsets[0]) < self._header_bytes[s] or int(offsets[-1]) != self._bytes[s]:
+                raise FormatError(f"expected sample offsets from at least "
+                                  f"{self._header_bytes[s]} to the file size {self._bytes[s]}, "
+                                  f"found {int(offsets[0])} to {int(offsets[-1])}",
+                                  path=path, field="offsets")
+            bad = np.flatnonzero(offsets[1:] < offsets[:-1])
+            if bad.size:
+                raise FormatError(f"sample offsets go backwards at sample {int(bad[0])}",
+                                  path=path, field="offsets")
+            tables.append(offsets)
+        return tables
+
+    def _prefix_tables(self, chosen: list[int], offsets: list[npt.NDArray[np.int64]]
+                       ) -> list[npt.NDArray[np.int64]]:
+        """Every sample's column size prefix (``[n, variable columns]``) of the
+        shards ``chosen``, whose offsets tables are ``offsets``."""
+        width = 4 * len(self._layout.variable)
+        shards, starts = [], []
+        for s, table in zip(chosen, offsets, strict=True):
+            short = np.flatnonzero(table[1:] - table[:-1] < width)
+            if short.size:
+                raise FormatError(f"sample {int(short[0])} is shorter than its {width}-byte "
+                                  "size prefix", path=self.path(self._files[s]),
+                                  field=f"samples[{int(short[0])}]")
+            shards += [s] * (table.shape[0] - 1)
+            starts += table[:-1].tolist()
+        raw = self._read(shards, starts, [width] * len(starts), "samples")
+        tables, at = [], 0
+        for table in offsets:
+            n = table.shape[0] - 1
+            block = raw[at:at + n]
+            at += n
+            joined = np.concatenate(block) if block else np.empty(0, np.uint8)
+            tables.append(joined.view("<u4").astype(np.int64).reshape(n, -1))
+        return tables
+
+    def _build(self, shard: int, offsets: npt.NDArray[np.int64],
+               prefixes: npt.NDArray[np.int64] | None) -> _Table:
+        """Shard ``shard``'s table from its sample offsets and (with several
+        variable-size columns) the size prefix of every sample."""
+        layout, path = self._layout, self.path(self._files[shard])
+        begins = offsets[:-1]
+        lengths = offsets[1:] - begins
+        n = begins.shape[0]
+        width = 4 * len(layout.variable)
+        fixed = sum(s or 0 for s in layout.sizes)
+        sizes = np.empty((n, len(layout.sizes)), np.int64)
+        for c, size in enumerate(layout.sizes):
+            if size is not None:
+                sizes[:, c] = size
+        if prefixes is not None:
+            sizes[:, list(layout.variable)] = prefixes
+        else:  # one variable-size column: the rest of the sample
+            sizes[:, layout.variable[0]] = lengths - width - fixed
+        wrong = np.flatnonzero((sizes < 0).any(axis=1) | (sizes.sum(axis=1) + width != lengths))
+        if wrong.size:
+            j = int(wrong[0])
+            raise FormatError(f"sample {j} has {int(lengths[j])} bytes, its size prefix and "
+                              f"fixed columns {width + int(sizes[j].clip(0).sum())}",
+                              path=path, field=f"samples[{j}]")
+        column = layout.position
+        before = begins + width + sizes[:, :column].sum(axis=1)
+        column_bytes = sizes[:, column]
+        itemsize = layout.dtype.itemsize
+        if layout.shape is not None:
+            count = np.full(n, int(np.prod(layout.shape)), np.int64)
+            headers = np.zeros(n, np.int64)
+        else:
+            count, headers = _one_dimensional(column_bytes, itemsize)
+            wrong = np.flatnonzero(count < 0)
+            if wrong.size:
+                j = int(wrong[0])
+                raise FormatError(
+                    f"sample {j}'s {layout.column!r} has {int(column_bytes[j])} bytes: not a 1-D "
+                    f"{layout.dtype.name} ndarray of at least one value",
+                    path=path, field=f"samples[{j}].{layout.column}")
+        tokens = np.zeros(n + 1, np.int64)
+        np.cumsum(count, out=tokens[1:])
+        return _Table(tokens, before + headers, begins.copy(), headers)
+
+    def _fixed_table(self, shard: int) -> _Table:
+        """A shard's table when every sample has the same size (no read)."""
+        layout = self._layout
+        assert layout.shape is not None and layout.fixed_sample is not None
+        n, sample = self._samples[shard], layout.fixed_sample
+        first = self._bytes[shard] - n * sample
+        begins = first + sample * np.arange(n, dtype=np.int64)
+        per = int(np.prod(layout.shape))
+        before = sum(s or 0 for s in layout.sizes[:layout.position])
+        return _Table(per * np.arange(n + 1, dtype=np.int64), begins + before, begins,
+                      np.zeros(n, np.int64))
+
+    def table(self, shard: int) -> _Table:
+        """Shard ``shard``'s sample table (built on first use when derived from
+        the layout alone)."""
+        found = self._tables.get(shard)
+        if found is None:
+            with self._lock:
+                found = self._tables.get(shard)
+                if found is None:
+                    found = self._fixed_table(shard)
+                    self._tables[shard] = found
+        return found
+
+    def _first_value(self, shard: int) -> int:
+        """Byte where the shard's first token is (its base), or its header size
+        when it has no samples."""
+        if not self._samples[shard]:
+            return self._header_bytes[shard]
+        if self._layout.fixed_sample is not None:
+            before = sum(s or 0 for s in self._layout.sizes[:self._layout.position])
+            return self._bytes[shard] - self._samples[shard] * self._layout.fixed_sample + before
+        return int(self.table(shard).values[0])
+
+    # -- reads ----------------------------------------------------------------
+
+    def _pieces(self, shards: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
+                counts: npt.NDArray[np.int64]) -> tuple[np.ndarray, ...]:
+        """Requests ``(shard, first record, records)`` split at sample bounds:
+        per piece its request, shard, sample, and first record in the sample."""
+        parts: list[list[np.ndarray]] = [[], [], [], []]
+        for p in range(shards.shape[0]):
+            if counts[p] <= 0:
+                continue
+            s = int(shards[p])
+            tokens = self.table(s).tokens
+            lo = int(np.searchsorted(tokens, starts[p], side="right")) - 1
+            hi = int(np.searchsorted(tokens, starts[p] + counts[p], side="left"))
+            samples = np.arange(lo, hi, dtype=np.int64)
+            parts[0].append(np.full(samples.shape[0], p, np.int64))
+            parts[1].append(np.full(samples.shape[0], s, np.int64))
+            parts[2].append(samples)
+            parts[3].append(np.maximum(tokens[samples], starts[p]))
+        if not parts[0]:
+            return tuple(np.empty(0, np.int64) for _ in range(4))
+        return tuple(np.concatenate(part) for part in parts)
+
+    def read_scattered(self, shards: npt.NDArray[np.int64], requests: npt.NDArray[np.int64],
+                       buffer: npt.NDArray[np.uint8]) -> None:
+        """Run the dataset's ``requests`` (``(4, P)``: handle, byte offset, bytes
+        and destination over each shard's token stream, as if it were one
+        array) into ``buffer``: one storage call reads every (request, sample)
+        piece and the sample's header, which is checked (``FormatError`` naming
+        the shard file and sample otherwise)."""
+        itemsize = self.dtype.itemsize
+        first, count = requests[1] // itemsize, requests[2] // itemsize
+        owner, shard, sample, low = self._pieces(shards, first, count)
+        high = np.empty_like(low)
+        values = np.empty_like(low)
+        starts = np.empty_like(low)
+        begins = np.empty_like(low)
+        headers = np.empty_like(low)
+        for s in np.unique(shard).tolist():
+            chosen = shard == s
+            table, at = self.table(s), sample[chosen]
+            high[chosen] = np.minimum(table.tokens[at + 1],
+                                      first[owner[chosen]] + count[owner[chosen]])
+            starts[chosen] = table.values[at]
+            values[chosen] = starts[chosen] + (low[chosen] - table.tokens[at]) * itemsize
+            begins[chosen] = table.begins[at]
+            headers[chosen] = table.headers[at]
+        dest = requests[3][owner] + (low - first[owner]) * itemsize
+        lengths = (high - low) * itemsize
+        # Each piece's checks: its sample's size prefix (or, with no variable-size
+        # column, its offsets-table entries) and its shape header.
+        width = 4 * len(self._layout.variable)
+        if width:
+            first_at, first_len = begins, np.full(sample.shape[0], width, np.int64)
+        else:
+            first_at, first_len = 4 * (1 + sample), np.full(sample.shape[0], 8, np.int64)
+        check_at = np.concatenate([first_at, starts - headers])
+        check_len = np.concatenate([first_len, headers])
+        total = int(buffer.size)
+        check_dest = total + np.concatenate([[0], np.cumsum(check_len)[:-1]]).astype(np.int64)
+        scratch = np.empty(total + int(check_len.sum()), np.uint8)
+        handles = requests[0][owner]
+        short = self.storage.read_into(
+            np.concatenate([handles, handles, handles]),
+            np.concatenate([values, check_at]), np.concatenate([lengths, check_len]), scratch,
+            np.concatenate([dest, check_dest]))
+        if short >= 0:
+            piece = short % max(owner.shape[0], 1)
+            raise FormatError("file ends inside a sample; truncated or not fully written?",
+                              path=self.path(self._files[int(shard[piece])]),
+                              field=f"samples[{int(sample[piece])}]")
+        buffer[:] = scratch[:total]
+        checked = scratch[total:]
+        n = sample.shape[0]
+        ends = np.cumsum(check_len)
+        for p in range(n):
+            a = checked[ends[p] - first_len[p]:ends[p]]
+            b = checked[ends[n + p] - headers[p]:ends[n + p]]
+            s = int(shard[p])
+            message = self.sample_problem(s, int(sample[p]), a, b)
+            if message is not None:
+                raise FormatError(message, path=self.path(self._files[s]),
+                                  field=f"samples[{int(sample[p])}].{self._layout.column}")
+
+    def _end(self, shard: int, j: int) -> int:
+        table = self.table(shard)
+        return (int(table.begins[j + 1]) if j + 1 < table.begins.shape[0]
+                else self._bytes[shard])
+
+    def sample_problem(self, shard: int, j: int, first: npt.NDArray[np.uint8],
+                       header: npt.NDArray[np.uint8]) -> str | None:
+        """What is wrong with sample ``j`` of ``shard``, given its size prefix
+        (or, with no variable-size column, its two offsets-table entries) and
+        its shape header bytes; None when it is what the table says."""
+        table, layout = self.table(shard), self._layout
+        begin, end = int(table.begins[j]), self._end(shard, j)
+        count = int(table.tokens[j + 1] - table.tokens[j])
+        head = int(table.headers[j])
+        value = int(table.values[j])
+        width = 4 * len(layout.variable)
+        if not width:
+            got = first.view("<u4")
+            if (int(got[0]), int(got[1])) != (begin, end):
+                return (f"the offsets table gives bytes {int(got[0])}..{int(got[1])}, samples "
+                        f"of a fixed size are at {begin}..{end}")
+        else:
+            sizes = [0 if s is None else s for s in layout.sizes]
+            for k, c in enumerate(layout.variable):
+                sizes[c] = int(first.view("<u4")[k])
+            if width + sum(sizes) != end - begin:
+                return (f"the size prefix gives {width + sum(sizes)} bytes, the offsets "
+                        f"table {end - begin}")
+            start = begin + width + sum(sizes[:layout.position])
+            column = sizes[layout.position]
+            if start + head != value or column != head + count * layout.dtype.itemsize:
+                return (f"the size prefix puts the column at bytes {start}.."
+                        f"{start + column}, the table at {value - head}.."
+                        f"{value + count * layout.dtype.itemsize}")
+        if head:
+            code = _SHAPE_BYTES.index(head - 1)
+            if int(header[0]) != (1 << 2 | code):
+                return (f"expected a 1-D shape with {head - 1}-byte sizes (header byte "
+                        f"{1 << 2 | code}), found header byte {int(header[0])}: only 1-D "
+                        "token arrays are read in place")
+            shape = int.from_bytes(header[1:].tobytes(), "little")
+            if shape != count:
+                return f"the shape gives {shape} values, the sample holds {count}"
+        return None
+
+    # -- documents, verify, describe -------------------------------------------
+
+    def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
+        try:
+            return "samples", None, self.table(shard).tokens.astype(np.uint64)
+        except FormatError as error:
+            return error.field or "samples", str(error), None
+
+    def problems(self) -> list[Problem]:
+        """Every shard's tables, and every sample's size prefix and shape header
+        (the whole shard is read), and with a signed dtype negative token ids."""
+        found = []
+        for s, name in enumerate(self._files):
+            try:
+                self._check_shard(s)
+            except FormatError as error:
+                found.append(Problem(self.path(name), error.field or "samples",
+                                     str(error).split(": ")[-1]))
+        return found
+
+    def _check_shard(self, s: int) -> None:
+        """Read shard ``s`` whole and check every sample (``FormatError`` otherwise)."""
+        name, layout = self._files[s], self._layout
+        path = self.path(name)
+        offsets = self._offsets_tables([s])[0]
+        if layout.fixed_sample is None:
+            prefixes = (self._prefix_tables([s], [offsets]) if len(layout.variable) > 1 else None)
+            table = self._build(s, offsets, None if prefixes is None else prefixes[0])
+            if not np.array_equal(table.tokens, self.table(s).tokens):
+                raise FormatError("the shard changed since it was opened", path=path,
+                                  field="samples")
+        table = self.table(s)
+        raw = np.frombuffer(read_at(self.storage, name, 0, self._bytes[s], path=path,
+                                    field="bytes"), np.uint8)
+        width = 4 * len(layout.variable)
+        itemsize = layout.dtype.itemsize
+        for j in range(self._samples[s]):
+            begin, value, head = (int(table.begins[j]), int(table.values[j]),
+                                  int(table.headers[j]))
+            first = raw[begin:begin + width] if width else raw[4 * (1 + j):4 * (3 + j)]
+            message = self.sample_problem(s, j, first, raw[value - head:value])
+            if message is not None:
+                raise FormatError(message, path=path, field=f"samples[{j}].{layout.column}")
+            if layout.dtype.kind == "i":
+                count = int(table.tokens[j + 1] - table.tokens[j])
+                values = raw[value:value + count * itemsize].view(layout.dtype)
+                if values.size and int(values.min()) < 0:
+                    raise FormatError(f"token id {int(values.min())} is negative; token ids "
+                                      "must be >= 0", path=path,
+                                      field=f"samples[{j}].{layout.column}")
+
+    def facts(self) -> list[tuple[str, str]]:
+        layout = self._layout
+        shape = "dynamic (1-D)" if layout.shape is None else str(layout.shape)
+        return [("shards", f"{len(self._files):,}"),
+                ("samples", f"{sum(self._samples):,}"),
+                ("token column", f"{layout.column} ({layout.dtype.name}, shape {shape})")]
+
+
+def _one_dimensional(size: npt.NDArray[np.int64], itemsize: int
+                     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Per sample, the values and header bytes of a 1-D ndarray column of
+    ``size`` bytes: MDS writes the shape with the smallest unsigned type
+    holding it, so exactly one shape width fits (values -1 where none does)."""
+    count = np.full(size.shape[0], -1, np.int64)
+    headers = np.zeros(size.shape[0], np.int64)
+    for width in _SHAPE_BYTES:
+        rest = size - 1 - width
+        values = rest // itemsize
+        low = 0 if width == 1 else 1 << (8 * width // 2)
+        fits = ((rest >= itemsize) & (rest % itemsize == 0) & (values >= max(low, 1))
+                & (values < (1 << min(8 * width, 62))))
+        count = np.where(fits, values, count)
+        headers = np.where(fits, 1 + width, headers)
+    return count, headers

@@ -1,0 +1,89 @@
+"""Run inside the MDS environment (``mds_env``), never the project's: writes
+datasets with mosaicml-streaming's ``MDSWriter`` and dumps what its
+``StreamingDataset`` returns, or times its iteration.
+
+``python mds_tool.py jobs JOBS.json`` runs, in order, each ``write``
+(``{"out", "columns", "size_limit", "npz", "samples"}``: sample ``i``'s
+column ``c`` is ``npz[f"{c}.{i}"]``) and each ``read`` (``{"dir", "column",
+"out"}``: sample ``i``'s column saved as ``out[f"{i}"]``, in order).
+``python mds_tool.py bench DIR COLUMN BATCH SECONDS`` prints JSON: seconds to
+the first batch and tokens per second of a shuffled ``StreamingDataset`` at
+its defaults (a torch ``DataLoader`` of ``BATCH`` samples, no workers).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+
+def _value(encoding: str, array: np.ndarray):
+    if encoding.startswith("ndarray"):
+        return array
+    if encoding == "str":
+        return str(array.item())
+    if encoding == "bytes":
+        return array.tobytes()
+    return array.item()
+
+
+def write(job: dict) -> None:
+    from streaming import MDSWriter
+
+    data = np.load(job["npz"])
+    with MDSWriter(out=job["out"], columns=job["columns"], size_limit=job["size_limit"],
+                   compression=job.get("compression")) as writer:
+        for i in range(job["samples"]):
+            writer.write({c: _value(e, data[f"{c}.{i}"]) for c, e in job["columns"].items()})
+
+
+def read(job: dict) -> None:
+    from streaming import StreamingDataset
+
+    ds = StreamingDataset(local=job["dir"], shuffle=False, batch_size=1)
+    np.savez(job["out"], **{str(i): np.asarray(ds[i][job["column"]]) for i in range(len(ds))})
+
+
+def bench(folder: str, column: str, batch: int, seconds: float) -> None:
+    from streaming import StreamingDataset
+    from torch.utils.data import DataLoader
+
+    start = time.perf_counter()
+    ds = StreamingDataset(local=folder, shuffle=True, batch_size=batch)
+    loader = DataLoader(ds, batch_size=batch, num_workers=0)
+    steps = iter(loader)
+    first = next(steps)
+    first_batch = time.perf_counter() - start
+    tokens = int(first[column].numel())
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        try:
+            tokens += int(next(steps)[column].numel())
+        except StopIteration:
+            steps = iter(loader)
+    print(json.dumps({"first_batch_s": first_batch,
+                      "tokens_per_s": tokens / (time.perf_counter() - began)}))
+
+
+def main() -> None:
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    if sys.argv[1] == "jobs":
+        with open(sys.argv[2]) as handle:
+            jobs = json.load(handle)
+        for job in jobs.get("write", []):
+            write(job)
+        for job in jobs.get("read", []):
+            read(job)
+    elif sys.argv[1] == "bench":
+        bench(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]))
+    else:
+        raise SystemExit(f"unknown command {sys.argv[1]!r}")
+
+
+if __name__ == "__main__":
+    main()

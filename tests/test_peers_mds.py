@@ -1,0 +1,245 @@
+"""MosaicML Streaming (MDS) shards read in place: written by mosaicml-streaming's
+own MDSWriter and compared with its own StreamingDataset, both run in a
+separate environment (``support.mds_env``: the package cannot share the
+project's). Building that environment needs the package registry once; without
+it these tests fail, saying so."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from support import mds_env
+from support._peers import check_against, check_each_once, check_same, upload
+
+from zerobatch import FormatError, open_dataset
+from zerobatch.peers import PeerDataset, copy_to_stream
+
+# name -> (columns, size_limit, token column, token dtype, sample lengths)
+DATASETS = {
+    # tokens alone, dynamic shape: 1- and 2-byte shape headers, many shards
+    "plain": ({"tokens": "ndarray:uint16"}, 1500, "tokens", "<u2",
+              [1, 300, 7, 255, 256, 40, 3, 90, 12, 600, 5, 33, 1, 140]),
+    # 4-byte shape headers (65,536 values or more)
+    "wide": ({"tokens": "ndarray:uint16"}, 1 << 20, "tokens", "<u2",
+             [70_000, 3, 65_536, 65_535]),
+    # the token column after a fixed and a variable column (two size prefixes)
+    "mixed": ({"id": "int64", "text": "str", "tokens": "ndarray:int32"}, 2000, "tokens", "<i4",
+              [5, 1, 260, 17, 80, 2, 44, 9, 300, 61, 3, 128]),
+    # a fixed shape, every column fixed: no table read at opening
+    "fixed": ({"input_ids": "ndarray:uint32:16", "k": "uint8"}, 700, "input_ids", "<u4",
+              [16] * 30),
+}
+
+
+def _samples(name):
+    columns, _, column, dtype, lengths = DATASETS[name]
+    rng = np.random.default_rng(len(name))
+    arrays = {}
+    for i, n in enumerate(lengths):
+        for c, encoding in columns.items():
+            if c == column:
+                value = rng.integers(0, 60_000, n).astype(dtype)
+            elif encoding == "str":
+                value = np.array("x" * int(rng.integers(0, 50)))
+            else:
+                value = np.array(i, dtype=encoding)
+            arrays[f"{c}.{i}"] = value
+    return arrays
+
+
+@pytest.fixture(scope="session")
+def mds(tmp_path_factory):
+    """Each dataset written by MDSWriter, and per dataset the token column of
+    every sample as MDS's StreamingDataset returns it: name -> (folder, samples)."""
+    try:
+        mds_env.python()
+    except RuntimeError as error:
+        pytest.fail(str(error), pytrace=False)
+    root = tmp_path_factory.mktemp("mds")
+    jobs: dict[str, list] = {"write": [], "read": []}
+    for name, (columns, limit, column, _, lengths) in DATASETS.items():
+        np.savez(root / f"{name}.npz", **_samples(name))
+        jobs["write"].append({"out": str(root / name), "columns": columns, "size_limit": limit,
+                              "npz": str(root / f"{name}.npz"), "samples": len(lengths)})
+        jobs["read"].append({"dir": str(root / name), "column": column,
+                             "out": str(root / f"{name}.read.npz")})
+    # MDSWriter's own 2-D samples (ndarray:uint16 takes any shape): refused.
+    np.savez(root / "two.npz", **{"tokens.0": np.arange(6, dtype="<u2"),
+                                  "tokens.1": np.arange(600, dtype="<u2").reshape(2, 300)})
+    jobs["write"].append({"out": str(root / "two"), "columns": {"tokens": "ndarray:uint16"},
+                          "size_limit": 1 << 20, "npz": str(root / "two.npz"), "samples": 2})
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    mds_env.run("jobs", str(root / "jobs.json"))
+    found = {"two": (root / "two", [])}
+    for name, (_, _, _, _, lengths) in DATASETS.items():
+        read = np.load(root / f"{name}.read.npz")
+        found[name] = (root / name, [read[str(i)].reshape(-1) for i in range(len(lengths))])
+    return found
+
+
+@pytest.mark.parametrize("name", ["plain", "mixed", "fixed"])
+def test_windows_and_documents_equal_mds_reader(mds, name):
+    folder, samples = mds[name]
+    _, _, _, dtype, lengths = DATASETS[name]
+    assert [len(s) for s in samples] == lengths
+    with open_dataset(folder) as ds:
+        assert isinstance(ds, PeerDataset) and ds.format == "mds"
+        assert ds.files.dtype == np.dtype(dtype) and len(ds.files.shards) > 1
+        assert ds.verify() == []
+        check_against(ds, np.concatenate(samples), samples)
+        check_each_once(ds)
+        assert "token column" in ds.describe()
+
+
+def test_wide_shape_headers(mds):
+    folder, samples = mds["wide"]
+    with open_dataset(folder) as ds:
+        assert ds.verify() == []
+        check_against(ds, np.concatenate(samples), samples, seq_len=4099)
+
+
+def test_fixed_layout_opens_from_index_alone(mds):
+    folder, _ = mds["fixed"]
+    with open_dataset(folder) as ds:
+        assert ds.files._tables == {}  # no shard read yet
+        ds.windows(8).read([0])
+        assert list(ds.files._tables) == [0]
+
+
+def test_column_option_and_copy(mds, tmp_path):
+    folder, samples = mds["mixed"]
+    with open_dataset(folder, format="mds", column="tokens") as ds:
+        assert copy_to_stream(ds, tmp_path / "native") == len(samples)
+    with open_dataset(tmp_path / "native") as native:
+        got = native.documents().read(np.arange(len(samples)))["input_ids"]
+        for a, b in zip(got, samples, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), b)
+    with pytest.raises(FormatError, match="column_encodings"):
+        open_dataset(folder, format="mds", column="text")
+    with pytest.raises(ValueError, match="not a column"):
+        open_dataset(folder, format="mds", column="nope")
+
+
+def test_from_s3(mds, s3):
+    for name in ("plain", "fixed"):
+        folder, _ = mds[name]
+        url = upload(folder, s3)
+        with open_dataset(folder) as local, \
+                open_dataset(url, storage_options=s3.storage_options()) as remote:
+            assert remote.format == "mds"
+            check_same(local, remote)
+            assert remote.verify() == []
+
+
+def _copy(mds, name, tmp_path):
+    folder = tmp_path / name
+    shutil.copytree(mds[name][0], folder)
+    return folder, json.loads((folder / "index.json").read_text())
+
+
+def test_hostile_index(mds, tmp_path):
+    folder, index = _copy(mds, "mixed", tmp_path)
+    cases = (
+        (lambda x: x.update(version=3), "'version'"),
+        (lambda x: x.update(shards={}), "'index'"),
+        (lambda x: x["shards"][0].update(compression="zstd"), r"shards\[0\].compression"),
+        (lambda x: x["shards"][1].update(format="json"), r"shards\[1\].format"),
+        (lambda x: x["shards"][0]["raw_data"].update(basename="../x"), "basename"),
+        (lambda x: x["shards"][0]["raw_data"].update(bytes=7), "'bytes'"),
+        (lambda x: x["shards"][0].update(samples=-1), r"shards\[0\].samples"),
+        (lambda x: x["shards"][0].update(column_sizes=[8, None]), "column_names"),
+        (lambda x: x["shards"][0].update(column_sizes=[4, None, None]), r"column_sizes\[0\]"),
+        (lambda x: x["shards"][1].update(column_encodings=["int64", "str", "ndarray:int16"]),
+         r"shards\[1\].column_encodings"),
+        (lambda x: [s.update(column_encodings=["int64", "str", "str"]) for s in x["shards"]],
+         "column_encodings"),
+        (lambda x: [s.update(column_encodings=["int64", "str", "ndarray:int32:0"])
+                    for s in x["shards"]], "column_encodings"),
+        (lambda x: x["shards"][0].update(samples=x["shards"][0]["samples"] + 1), "'samples'"),
+    )
+    for change, field in cases:
+        bad = json.loads(json.dumps(index))
+        change(bad)
+        (folder / "index.json").write_text(json.dumps(bad))
+        with pytest.raises(FormatError, match=field) as caught:
+            open_dataset(folder, format="mds")
+        assert str(folder) in str(caught.value)
+    (folder / "index.json").write_text("{\"shards\": [")
+    with pytest.raises(FormatError, match="index"):
+        open_dataset(folder, format="mds")
+    (folder / "index.json").unlink()
+    with pytest.raises(FormatError, match="missing"):
+        open_dataset(folder, format="mds")
+
+
+def _shard(folder, index, i=0):
+    path = folder / index["shards"][i]["raw_data"]["basename"]
+    return path, bytearray(path.read_bytes())
+
+
+def test_hostile_shards(mds, tmp_path):
+    folder, index = _copy(mds, "plain", tmp_path)
+    path, good = _shard(folder, index)
+    path.write_bytes(bytes(good[:-3]))  # truncated: the size disagrees with index.json
+    with pytest.raises(FormatError, match="'bytes'"):
+        open_dataset(folder)
+    raw = bytearray(good)
+    raw[8:12] = (len(good) + 9).to_bytes(4, "little")  # the second sample's offset past the end
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match="offsets") as caught:
+        open_dataset(folder)
+    assert path.name in str(caught.value)
+    n = int.from_bytes(good[:4], "little")
+    raw = bytearray(good)
+    raw[4:8] = (4 * (n + 2) - 1).to_bytes(4, "little")  # the first sample inside the table
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match="offsets"):
+        open_dataset(folder)
+    # The shape header of sample 0 lies (a 2-D shape): reads and verify refuse it.
+    start = int.from_bytes(good[4:8], "little")
+    raw = bytearray(good)
+    raw[start + 4] = 2 << 2 | (raw[start + 4] & 3)
+    path.write_bytes(bytes(raw))
+    with open_dataset(folder) as ds:
+        with pytest.raises(FormatError, match=r"samples\[0\].tokens") as caught:
+            ds.documents().read([0])
+        assert path.name in str(caught.value)
+        assert [p.field for p in ds.verify()] == ["samples[0].tokens"]
+    # Its size prefix lies: the sample's bytes disagree.
+    raw = bytearray(good)
+    raw[start:start + 4] = (int.from_bytes(good[start:start + 4], "little") + 2).to_bytes(
+        4, "little")
+    path.write_bytes(bytes(raw))
+    with open_dataset(folder) as ds, pytest.raises(FormatError, match="size prefix"):
+        ds.windows(4).read([0])
+
+
+def test_hostile_fixed_and_mixed(mds, tmp_path):
+    folder, index = _copy(mds, "fixed", tmp_path)
+    path, good = _shard(folder, index)
+    raw = bytearray(good)
+    raw[8:12] = (int.from_bytes(good[8:12], "little") + 1).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with open_dataset(folder) as ds:
+        with pytest.raises(FormatError, match=r"samples\[0\].input_ids"):
+            ds.windows(4).read([0])
+        assert [p.field for p in ds.verify()] == ["samples[0].input_ids"]
+    folder, index = _copy(mds, "mixed", tmp_path)
+    path, good = _shard(folder, index)
+    start = int.from_bytes(good[4:8], "little")
+    raw = bytearray(good)
+    raw[start:start + 4] = (1 << 30).to_bytes(4, "little")  # the text column's size
+    path.write_bytes(bytes(raw))
+    with pytest.raises(FormatError, match=r"samples\[0\]") as caught:
+        open_dataset(folder)
+    assert path.name in str(caught.value)
+
+
+def test_two_dimensional_samples_are_refused(mds):
+    """MDSWriter's own 2-D samples are not read as tokens: refused naming the sample."""
+    with pytest.raises(FormatError, match=r"samples\[1\].tokens"), \
+            open_dataset(mds["two"][0]) as ds:
+        ds.documents().read([1])
