@@ -15,6 +15,7 @@ from support import mds_env
 from support._peers import check_against, check_each_once, check_same, upload
 
 from zerobatch import FormatError, open_dataset
+from zerobatch.cli import main
 from zerobatch.peers import PeerDataset, copy_to_stream
 
 # name -> (columns, size_limit, token column, token dtype, sample lengths)
@@ -112,7 +113,10 @@ def test_fixed_layout_opens_from_index_alone(mds):
 def test_column_option_and_copy(mds, tmp_path):
     folder, samples = mds["mixed"]
     with open_dataset(folder, format="mds", column="tokens") as ds:
-        assert copy_to_stream(ds, tmp_path / "native") == len(samples)
+        assert copy_to_stream(ds, tmp_path / "lib") == len(samples)
+    # the command line: detected, the option passed through
+    assert main(["convert", str(folder), "-o", str(tmp_path / "native"), "--quiet",
+                 "--input-option", "column=tokens"]) == 0
     with open_dataset(tmp_path / "native") as native:
         got = native.documents().read(np.arange(len(samples)))["input_ids"]
         for a, b in zip(got, samples, strict=True):

@@ -3,6 +3,7 @@ benchmark datasets and files.
 
 examples:
   zerobatch convert corpus/*.jsonl.zst -o data --tokenizer tokenizer.json
+  zerobatch convert megatron/corpus_text_document -o data   # peer tokens, copied
   zerobatch inspect data --plot data.png
   zerobatch verify data
   zerobatch bench data --seq-len 2048
@@ -78,8 +79,76 @@ def _executor(spec: str | None) -> Iterator[cf.Executor | None]:
         yield client.get_executor()
 
 
+_PEER_INAPPLICABLE: tuple[tuple[str, Any, str], ...] = (
+    ("tokenizer", None, "--tokenizer"), ("chat", False, "--chat"),
+    ("chat_template", None, "--chat-template"), ("text_field", "text", "--text-field"),
+    ("metadata_field", [], "--metadata-field"), ("spans_field", None, "--spans-field"),
+    ("no_eos", False, "--no-eos"), ("eos", None, "--eos"), ("format", "stream", "--format"),
+    ("seq_len", None, "--seq-len"), ("batch_size", None, "--batch-size"), ("seed", 0, "--seed"),
+    ("workers", None, "--workers"), ("executor", None, "--executor"),
+    ("skip_bad", False, "--skip-bad"), ("task_mb", 64.0, "--task-mb"))
+"""Options of ``convert`` that tokenizing texts uses and copying a peer dataset cannot."""
+
+
+def _peer_input(args: argparse.Namespace) -> str | None:
+    """The peer format of ``convert``'s input (Megatron, datatrove, LitData, MDS,
+    HF, or ``--input-format``), or None for texts. Raises ``ValueError`` for
+    several inputs with a peer one, or an option that cannot apply."""
+    from zerobatch import peers
+
+    found = args.input_format
+    if found is None and len(args.inputs) == 1:
+        try:
+            found = peers.detect_path(args.inputs[0])
+        except (FormatError, OSError, ValueError):
+            found = None  # not a peer dataset: the texts path reports what is wrong
+    if found is None:
+        if args.input_option:
+            raise ValueError("--input-option applies to a peer dataset input (--input-format)")
+        return None
+    if len(args.inputs) != 1:
+        raise ValueError(f"a {found} dataset is converted alone: give one input per convert")
+    given = [flag for name, default, flag in _PEER_INAPPLICABLE
+             if getattr(args, name) != default]
+    if given:
+        raise ValueError(f"{args.inputs[0]} is a {found} dataset: its tokens are copied as "
+                         f"they are (no tokenizing), so {', '.join(given)} cannot apply; "
+                         "drop them")
+    return found
+
+
+def _input_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``--input-option KEY=VALUE`` pairs as format options (integer values as ints)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--input-option takes KEY=VALUE, got {pair!r}")
+        options[key] = int(value) if value.lstrip("-").isdigit() else value
+    return options
+
+
+def _convert_peer(args: argparse.Namespace, format: str) -> None:
+    """Copy the peer dataset ``args.inputs[0]`` into a native one (no tokenizing)."""
+    from zerobatch import peers
+
+    with peers.open_peer(args.inputs[0], format, **_input_options(args.input_option)) as ds:
+        count = peers.copy_to_stream(ds, args.output)
+        if not args.quiet:
+            print(f"copied {count:,} documents, {ds.num_tokens:,} tokens "
+                  f"({ds.format}) into {args.output}")
+
+
 def _convert(args: argparse.Namespace) -> None:
     from zerobatch.convert import convert
+
+    peer = _peer_input(args)
+    if peer is not None:
+        _convert_peer(args, peer)
+        return
+    if args.tokenizer is None:
+        raise ValueError("--tokenizer is required to convert texts (a tokenizers JSON file, "
+                         "a folder holding tokenizer.json, or 'bytes')")
 
     if args.chat:  # conversations: rendered with a chat template, assistant turns take the loss
         from zerobatch.convert.chat import convert_chat
@@ -117,7 +186,8 @@ def _build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     convert = _command(
-        commands, "convert", "tokenize JSONL, Parquet, Arrow or text files into a dataset",
+        commands, "convert", "tokenize JSONL, Parquet, Arrow or text files into a dataset, or "
+        "copy a Megatron, datatrove, LitData, MDS, OLMo or HF token dataset into one",
         "zerobatch convert 'corpus/*.jsonl.gz' -o data --tokenizer tokenizer.json "
         "--metadata-field url --workers 8")
     convert.add_argument("inputs", nargs="+", help="files, globs or folders; or s3:// gs:// "
@@ -126,9 +196,17 @@ def _build_parser() -> argparse.ArgumentParser:
     convert.add_argument("-o", "--output", required=True,
                          help="the dataset folder or prefix URL (or a local .batch file with "
                          "--format batch)")
-    convert.add_argument("--tokenizer", required=True,
+    convert.add_argument("--tokenizer",
                          help="a tokenizers JSON file, a folder holding tokenizer.json, "
-                              "or 'bytes'")
+                              "or 'bytes' (required for texts; a peer dataset's tokens are "
+                              "copied as they are)")
+    convert.add_argument("--input-format", choices=("megatron", "datatrove", "hf", "litdata",
+                                                    "mds", "olmo"),
+                         help="read the input as this peer format (detected by default; "
+                         "OLMo's raw arrays need it)")
+    convert.add_argument("--input-option", action="append", default=[], metavar="KEY=VALUE",
+                         help="a peer format option, e.g. dtype=uint32 and eos_id=0 for OLMo, "
+                         "column=tokens for MDS")
     convert.add_argument("--chat", action="store_true",
                          help='JSONL of {"messages": [...]}: render with a chat template, '
                          "store a loss_mask field and assistant spans")
