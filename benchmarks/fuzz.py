@@ -11,7 +11,7 @@ function turns its surface's contract into these outcomes (raise
 
 Surfaces: the readers (``stream``, ``stream-s3``, ``llmbatch``, ``frames``,
 ``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``, ``npy-dtypes``
-and the peer formats ``megatron``, ``datatrove``, ``litdata``, ``hf``);
+and the peer formats ``megatron``, ``datatrove``, ``litdata``, ``hf``, ``mds``);
 ``stream-sealed`` (token-stream datasets whose manifest
 checksums are recomputed after each mutation, so ``verify``'s checks past the
 checksum judge it: a read failing where ``verify`` passed is a false pass);
@@ -494,6 +494,39 @@ def _hf_seeds() -> list[Files]:
         return [_folder_files(Path(tmp))]
 
 
+def _mds_seeds() -> list[Files]:
+    """Shards by mosaicml-streaming's own MDSWriter, run in its separate
+    environment (tests/support/mds_env.py, built once): tokens alone (dynamic
+    shape, several shards), tokens after fixed and variable columns, and a
+    fixed shape."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location(
+        "mds_env", Path(__file__).resolve().parents[1] / "tests" / "support" / "mds_env.py")
+    assert spec is not None and spec.loader is not None
+    mds_env = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mds_env)
+    rng = np.random.default_rng(2)
+    layouts = ({"tokens": "ndarray:uint16"}, {"id": "int64", "text": "str", "tokens":
+                                              "ndarray:int32"}, {"tokens": "ndarray:uint32:4"})
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = []
+        for k, columns in enumerate(layouts):
+            arrays = {}
+            for i in range(6):
+                arrays[f"tokens.{i}"] = rng.integers(
+                    0, 5000, 4 if k == 2 else int(rng.integers(1, 9))).astype(
+                    columns["tokens"].split(":")[1])
+                arrays[f"id.{i}"], arrays[f"text.{i}"] = np.array(i), np.array("ab"[:i % 3])
+            np.savez(Path(tmp) / f"{k}.npz", **arrays)
+            jobs.append({"out": str(Path(tmp) / str(k)), "columns": columns, "size_limit": 200,
+                         "npz": str(Path(tmp) / f"{k}.npz"), "samples": 6})
+        (Path(tmp) / "jobs.json").write_text(json.dumps({"write": jobs}))
+        mds_env.run("jobs", str(Path(tmp) / "jobs.json"))
+        return [_folder_files(Path(tmp) / str(k)) for k in range(len(layouts))]
+
+
 def _read_peer(format: str) -> Callable[[Path, Files], None]:
     def read(folder: Path, files: Files) -> None:
         from zerobatch import open_dataset
@@ -516,6 +549,7 @@ for _target in (
     Target("datatrove", _datatrove_seeds, _read_peer("datatrove")),
     Target("litdata", _litdata_seeds, _read_peer("litdata")),
     Target("hf", _hf_seeds, _read_peer("hf")),
+    Target("mds", _mds_seeds, _read_peer("mds")),
 ):
     register(_target)
 

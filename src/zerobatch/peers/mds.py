@@ -375,7 +375,7 @@ class MDSFiles(PeerFiles):
             block = raw[at:at + n]
             at += n
             joined = np.concatenate(block) if block else np.empty(0, np.uint8)
-            tables.append(joined.view("<u4").astype(np.int64).reshape(n, -1))
+            tables.append(joined.view("<u4").astype(np.int64).reshape(n, width // 4))
         return tables
 
     def _build(self, shard: int, offsets: npt.NDArray[np.int64],
