@@ -11,6 +11,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support import mds_env
 from support._peers import check_against, check_each_once, check_same, upload
 
@@ -247,3 +249,23 @@ def test_two_dimensional_samples_are_refused(mds):
     with pytest.raises(FormatError, match=r"samples\[1\].tokens"), \
             open_dataset(mds["two"][0]) as ds:
         ds.documents().read([1])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_len=st.integers(1, 700), stride=st.integers(1, 900), data=st.data())
+def test_any_window_equals_mds_tokens(mds, seq_len, stride, data):
+    """Any windows (crossing samples and shards at any offset) are MDS's tokens."""
+    name = data.draw(st.sampled_from(["plain", "mixed", "fixed"]))
+    folder, samples = mds[name]
+    tokens = np.concatenate(samples).astype(np.int64)
+    with open_dataset(folder) as ds:
+        windows = ds.windows(seq_len, stride=stride)
+        if not len(windows):
+            assert tokens.shape[0] < seq_len + 1
+            return
+        picks = data.draw(st.lists(st.integers(0, len(windows) - 1), min_size=1, max_size=6))
+        batch = windows.read(picks)
+        at = np.array(picks)[:, None] * stride + np.arange(seq_len)
+        np.testing.assert_array_equal(batch["input_ids"], tokens[at])
+        np.testing.assert_array_equal(batch["labels"], tokens[at + 1])
