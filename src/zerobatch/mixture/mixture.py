@@ -72,6 +72,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.columnar import Batch, BatchMeta, Jagged
+from zerobatch.columnar.schema import normalize_column
 from zerobatch.mixture import spec
 from zerobatch.mixture.order import (
     DEFAULT_BLOCK_SIZE,
@@ -79,10 +80,10 @@ from zerobatch.mixture.order import (
     MixtureOrder,
     Stage,
     check_weights,
-    pass_order,
 )
 from zerobatch.shuffle import MAX_LENGTH
 from zerobatch.source import fingerprint
+from zerobatch.stream.many import ManyWindows
 
 __all__ = ["CHANGES", "STATE_VERSION", "Mixture"]
 
@@ -94,6 +95,9 @@ CHANGES = ("weights", "sources", "length")
 sources read, of the length (or ``max_passes``)."""
 
 SOURCE_COLUMN = "source"
+_SOURCE_SCHEMA = normalize_column(SOURCE_COLUMN, np.empty(0, np.int32))[1]
+_NO_LIMIT = np.iinfo(np.int64).max  # the pass limit of a source without max_passes
+_UNKNOWN = object()  # Mixture._group before its first use
 
 
 def _int(name: str, value: object, low: int = 1, high: int = MAX_LENGTH) -> int:
@@ -202,6 +206,9 @@ class Mixture:
                              "rule); a mixture never loops forever")
         self._length = min(x for x in (self._requested_length, stop) if x is not None)
         self._objects = [sources.get(name) for name in names]
+        self._table = self._order.table([self._max_passes.get(name, _NO_LIMIT)
+                                         for name in names])
+        self._group: ManyWindows | object | None = _UNKNOWN  # see _windows
         self._checked: set[int] = set()  # sources whose columns matched the reference's
         self._reference: tuple[str, Batch] | None = None  # the first batch read: name, batch
         seq_lens = {getattr(s, "seq_len", None) for s in sources.values()}
@@ -311,11 +318,42 @@ class Mixture:
     def read(self, indices: npt.ArrayLike) -> Batch:
         """The observations at positions ``indices`` (any order, repeats allowed),
         as one Batch in that order: every source's columns plus ``source``.
-        One ``read`` per source present; rows are placed by one vectorized
-        copy per source and column. Global indexes in the meta are positions."""
-        idx = self._check(indices)
+        Global indexes in the meta are positions.
+
+        Each row's source and observation come from one kernel call. Windows
+        of local token-stream datasets (``ManyWindows.of`` the sources) are
+        then read in one more, straight into the batch in position order; any
+        other sources get one ``read`` per source present, their rows placed
+        by one vectorized copy per source and column."""
+        idx = indices
+        if not (isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.ndim == 1
+                and idx.flags.c_contiguous):
+            idx = np.ascontiguousarray(self._check(indices))
+        sources, index, over = self._order.observe(idx, self._table, self._length)
+        if over >= 0:
+            s = int(sources[over])
+            raise IndexError(f"position {int(idx[over])}: source {self.names[s]!r} would start "
+                             f"a pass past max_passes={self._max_passes[self.names[s]]}")
         count = idx.shape[0]
-        sources, slots = self._order.locate(idx)
+        group = self._windows()
+        if group is not None and count:
+            columns, schema = group.read(sources, index)
+            columns[SOURCE_COLUMN] = sources.astype(np.int32)
+            schema = {**schema, SOURCE_COLUMN: _SOURCE_SCHEMA}
+            return Batch._trusted(columns, idx, schema)
+        return self._read_each(idx, sources, index)
+
+    def _windows(self) -> ManyWindows | None:
+        """The one-call reader of these sources, or None when they are not all
+        windows of local datasets of one layout (built on first use)."""
+        if self._group is _UNKNOWN:
+            self._group = ManyWindows.of(self._objects)
+        return self._group  # type: ignore[return-value]  # resolved above
+
+    def _read_each(self, idx: npt.NDArray[np.int64], sources: npt.NDArray[np.int64],
+                   index: npt.NDArray[np.int64]) -> Batch:
+        """:meth:`read` by one ``read`` per source present, rows placed in position order."""
+        count = idx.shape[0]
         by_source = np.argsort(sources, kind="stable")
         ordered = sources[by_source]
         present, firsts = np.unique(ordered, return_index=True)
@@ -328,7 +366,7 @@ class Mixture:
                 raise ValueError(f"positions {idx[rows][:4].tolist()} read source "
                                  f"{self.names[s]!r}, which this mixture no longer has "
                                  "(removed at a resume, after those positions)")
-            batches.append(source.read(self._indices(s, slots[rows])))
+            batches.append(source.read(index[rows]))
         names = [self.names[s] for s in present.tolist()]
         if not batches:  # no rows: the first source's columns, empty
             name, source = next(iter(self._sources.items()))
@@ -343,24 +381,6 @@ class Mixture:
         columns = _assemble(batches, names, by_source, bounds, count)
         columns[SOURCE_COLUMN] = sources.astype(np.int32)
         return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(count)))
-
-    def _indices(self, s: int, slots: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-        """Source ``s``'s observations at its ``slots`` (each slot's pass permutation)."""
-        n, key = int(self._order.lengths[s]), self._order.keys[s]
-        passes, local = np.divmod(slots, n)
-        first, last = int(passes.min()), int(passes.max())
-        limit = self._max_passes.get(self.names[s])
-        if limit is not None and last >= limit:
-            raise IndexError(f"source {self.names[s]!r} would start pass {last} past "
-                             f"max_passes={limit}")
-        if first == last:
-            return pass_order(n, key, first)(local)
-        out = np.empty_like(local)
-        for p in range(first, last + 1):
-            where = passes == p
-            if where.any():
-                out[where] = pass_order(n, key, p)(local[where])
-        return out
 
     # -- description, state and resume --------------------------------------
 

@@ -115,12 +115,23 @@ def pass_order(length: int, key: int, number: int) -> Feistel:
 
 
 class Block(NamedTuple):
-    """A block's layout: per position its source and ordinal, and per source
-    the slots it had before the block (counted over the whole mixture)."""
+    """A block's layout: per position its source and ordinal (``layout[0]``
+    and ``layout[1]``, one array for the kernels), and per source the slots
+    it had before the block (counted over the whole mixture)."""
 
-    sources: npt.NDArray[np.int64]
-    ordinals: npt.NDArray[np.int64]
+    layout: npt.NDArray[np.int64]
     before: npt.NDArray[np.int64]
+
+    @property
+    def sources(self) -> npt.NDArray[np.int64]:
+        """Each position's source."""
+        return self.layout[0]
+
+    @property
+    def ordinals(self) -> npt.NDArray[np.int64]:
+        """Each position's ordinal: the earlier positions of the block that
+        went to the same source."""
+        return self.layout[1]
 
 
 @dataclass(frozen=True)
@@ -154,14 +165,16 @@ class _StageOrder:
         found = self._blocks.get(block)
         if found is not None:
             return found
-        size = self.block_size
-        sources = np.empty(size, dtype=np.int64)
-        ordinals = np.empty(size, dtype=np.int64)
-        k.block_layout(self.counts(block), np.uint64(epoch_seed(self.key, block)), sources,
-                       ordinals)
-        found = Block(sources, ordinals, self.before(block))
+        layout = np.empty((2, self.block_size), dtype=np.int64)
+        k.block_layout(self.counts(block), np.uint64(epoch_seed(self.key, block)), layout[0],
+                       layout[1])
+        previous = self._blocks.get(block - 1)  # a step's next block: add its counts
+        before = (self.before(block) if previous is None
+                  else previous.before + self.counts(block - 1))
+        found = Block(layout, before)
         if len(self._blocks) >= 8:  # a few recent blocks; dict ops are atomic under the GIL
-            self._blocks.clear()
+            for old in list(self._blocks)[:-4]:  # the oldest (dicts keep insertion order)
+                self._blocks.pop(old, None)
         self._blocks[block] = found
         return found
 
@@ -241,6 +254,8 @@ class MixtureOrder:
             raise ValueError("the first stage must start at position 0")
         index = {name: i for i, name in enumerate(self.names)}
         self.keys = [source_key(self.seed, name) for name in self.names]
+        self._halves = np.array([(max(2, (int(n) - 1).bit_length()) + 1) // 2
+                                 for n in self.lengths.tolist()], dtype=np.int64)
         self._stages: list[_StageOrder] = []
         base = np.zeros(len(self.names), dtype=np.int64)
         for t, stage in enumerate(self.stages):
@@ -338,6 +353,66 @@ class MixtureOrder:
             where = (sources == s) & (passes == p) if unique.shape[1] > 1 else slice(None)
             index[where] = pass_order(int(self.lengths[s]), self.keys[s], p)(local[where])
         return sources, passes, index
+
+    def table(self, limits: npt.ArrayLike | None = None) -> npt.NDArray[np.int64]:
+        """The per-source table :meth:`observe` takes (``[sources, 4]`` int64:
+        length, Feistel half width, key bits, pass limit; ``limits``: passes
+        each source may start, None for no limit)."""
+        table = np.empty((len(self.names), 4), dtype=np.int64)
+        table[:, k.LENGTH] = self.lengths
+        table[:, k.HALF] = self._halves
+        table[:, k.KEY] = np.array(self.keys, dtype=np.uint64).view(np.int64)
+        table[:, k.LIMIT] = np.iinfo(np.int64).max if limits is None else limits
+        return table
+
+    def observe(self, positions: npt.NDArray[np.int64], table: npt.NDArray[np.int64],
+                stop: int = MAX_LENGTH - 1) -> tuple[npt.NDArray[np.int64],
+                                                     npt.NDArray[np.int64], int]:
+        """``(source, index)`` of each position (C-contiguous int64, ``0 <=
+        position < stop``: IndexError otherwise) as :meth:`observations` gives
+        them, and the first row whose pass is past its limit in ``table``
+        (:meth:`table`; or -1: the indices are then complete). One kernel call
+        when the positions lie in two consecutive blocks of one stage (a
+        step's), else :meth:`locate` and one more."""
+        count = positions.shape[0]
+        out = np.empty((2, count), dtype=np.int64)
+        sources, index = out[0], out[1]
+        if count and int(positions[0]) >= 0:
+            over = self._observe_blocks(positions, table, stop, out)
+            if over is not None:
+                return sources, index, over
+        if count and (int(positions.min()) < 0 or int(positions.max()) >= stop):
+            bad = int(positions.min()) if int(positions.min()) < 0 else int(positions.max())
+            raise IndexError(f"position {bad} is out of range for a mixture of {stop} "
+                             "observations")
+        sources, slots = self.locate(positions)
+        over = k.pass_indices(sources, slots, table, index)
+        return sources, index, over
+
+    def _observe_blocks(self, positions: npt.NDArray[np.int64], table: npt.NDArray[np.int64],
+                        stop: int, out: npt.NDArray[np.int64]) -> int | None:
+        """:meth:`observe` by ``_kernels.observe_rows`` when the first and last
+        positions lie in one block or two consecutive ones of one stage (None
+        when they do not, or a position lies elsewhere)."""
+        first, last = int(positions[0]), int(positions[-1])
+        if len(self._stages) == 1:
+            stage, end = self._stages[0], stop
+        else:
+            t = int(np.searchsorted(self._starts, first, side="right")) - 1
+            stage = self._stages[t]
+            end = min(self._stages[t + 1].start if t + 1 < len(self._stages) else stop, stop)
+        if not stage.start <= last < end:
+            return None
+        block = (first - stage.start) // stage.block_size
+        ahead = (last - stage.start) // stage.block_size - block
+        if ahead not in (0, 1):
+            return None
+        this = stage.block(block)
+        after = stage.block(block + 1) if ahead else this
+        outside, over = k.observe_rows(positions, stage.start, end, stage.block_size, block,
+                                       this.layout, this.before, after.layout, after.before,
+                                       table, out)
+        return None if outside >= 0 else over
 
     def slots_before(self, position: int) -> npt.NDArray[np.int64]:
         """Each source's slots at positions ``[0, position)``. O(sources + block)."""

@@ -41,8 +41,10 @@ __all__ = [
     "meta_spans",
     "no_segments",
     "plan_documents",
+    "plan_window_rows",
     "plan_windows",
     "read_requests",
+    "read_window_rows",
     "read_windows",
     "span_rows_status",
     "window_columns",
@@ -470,6 +472,44 @@ def _read_row(
     return p, -1, 1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _read_planned(
+    pieces: np.ndarray, requests: np.ndarray, rows: int, n: int, row: np.ndarray,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    docs: list | tuple, inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
+    segments: bool, out: tuple,
+) -> tuple[int, int, int, int, int]:
+    """The reading half of ``read_windows`` for planned ``pieces`` of ``rows``
+    windows and their ``requests``: each window read into ``row``, cast, and
+    with ``segments`` its document columns. Returns (failed request or -1, its
+    status, code, shard, the first row with an id outside ``bounds`` or -1)."""
+    firsts, code, shard = _first_documents(pieces if segments else pieces[:0], n, seq_len,
+                                           docs)
+    if code != OK:
+        return -1, 1, code, shard, -1
+    itemsize = row.itemsize
+    mask_starts = shift == 0 and labels.shape[0] > 0
+    p = ahead = 0
+    for b in range(rows):
+        while ahead < pieces.shape[0] and pieces[ahead, OBS] <= b + 1:  # the next window
+            prefetch_request(requests[0, ahead], requests[1, ahead], requests[2, ahead],
+                             addresses, sizes, use_pread)
+            ahead += 1
+        first = p
+        p, failed, status = _read_row(b, p, pieces, requests, n, itemsize, fds, addresses,
+                                      sizes, use_pread, row)
+        if failed >= 0:
+            return failed, status, OK, 0, -1
+        if not _decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
+            return -1, 1, OK, 0, b
+        if segments:
+            _, code, shard = _row_segments(b, first, pieces, n, seq_len, docs, firsts, labels,
+                                           mask_starts, out)
+            if code != OK:
+                return -1, 1, code, shard, -1
+    return -1, 1, OK, 0, -1
+
+
 @njit(nogil=True, cache=True)
 def read_windows(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
@@ -496,31 +536,10 @@ def read_windows(
     )
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, OK, 0, -1
-    firsts, code, shard = _first_documents(pieces if segments else pieces[:0], n, seq_len,
-                                           docs)
-    if code != OK:
-        return -1, -1, -1, 1, code, shard, -1
-    itemsize = row.itemsize
-    mask_starts = shift == 0 and labels.shape[0] > 0
-    p = ahead = 0
-    for b in range(indices.shape[0]):
-        while ahead < pieces.shape[0] and pieces[ahead, OBS] <= b + 1:  # the next window
-            prefetch_request(requests[0, ahead], requests[1, ahead], requests[2, ahead],
-                             addresses, sizes, use_pread)
-            ahead += 1
-        first = p
-        p, failed, status = _read_row(b, p, pieces, requests, n, itemsize, fds, addresses,
-                                      sizes, use_pread, row)
-        if failed >= 0:
-            return -1, -1, failed, status, OK, 0, -1
-        if not _decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
-            return -1, -1, -1, 1, OK, 0, b
-        if segments:
-            _, code, shard = _row_segments(b, first, pieces, n, seq_len, docs, firsts, labels,
-                                           mask_starts, out)
-            if code != OK:
-                return -1, -1, -1, 1, code, shard, -1
-    return -1, -1, -1, 1, OK, 0, -1
+    failed, status, code, shard, wrong = _read_planned(
+        pieces, requests, indices.shape[0], n, row, fds, addresses, sizes, use_pread, seq_len,
+        docs, inputs, labels, shift, bounds, segments, out)
+    return -1, -1, failed, status, code, shard, wrong
 
 
 @njit(nogil=True, cache=True)
@@ -883,3 +902,85 @@ def span_rows_status(table: np.ndarray, docs: np.ndarray, records: int) -> tuple
         if d + 1 > last or end > docs[d + 1]:
             return SPAN_CROSSES, e
     return OK, -1
+
+
+@njit(nogil=True, cache=True)
+def plan_window_rows(
+    sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
+    shard_starts: np.ndarray, live: np.ndarray, sizes: np.ndarray, itemsize: int,
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """``plan_windows`` for windows of many datasets laid end to end in one
+    record space: row ``b`` is window ``indices[b]`` of source ``s =
+    sources[b]``, records ``[base + indices[b] * stride, ... + n)`` where
+    ``table[s]`` is ``(base, stride, windows)`` (base -1: a source that cannot
+    be read; one row a source, one cache line); ``shard_starts``
+    are every dataset's shard starts in that space, and global shard ``g`` is
+    handle ``g`` of the tables ``read_window_rows`` takes. Shard ``g`` is open
+    when ``sizes[g] >= 0`` and the int64 at address ``live[g]`` (its dataset's
+    own handle of it, -1 once closed) is ``>= 0``.
+
+    Returns (pieces, requests, the first shard not open or -1, the first row
+    whose source has no base (< 0) or whose index is out of range, or -1)."""
+    rows = indices.shape[0]
+    total = 0
+    for b in range(rows):
+        s, i = sources[b], indices[b]
+        if s < 0 or s >= table.shape[0] or table[s, 0] < 0 or i < 0 or i >= table[s, 2]:
+            return np.empty((0, 5), np.int64), np.empty((4, 0), np.int64), -1, b
+        g = table[s, 0] + i * table[s, 1]
+        s0 = np.searchsorted(shard_starts, g, side="right") - 1
+        s1 = np.searchsorted(shard_starts, g + n - 1, side="right") - 1
+        total += s1 - s0 + 1
+    pieces = np.empty((total, 5), np.int64)
+    requests = np.empty((4, total), np.int64)
+    p, closed = 0, -1
+    for b in range(rows):
+        g = table[sources[b], 0] + indices[b] * table[sources[b], 1]
+        end = g + n
+        s = np.searchsorted(shard_starts, g, side="right") - 1
+        pos = g
+        while pos < end:
+            take = min(end, shard_starts[s + 1]) - pos
+            if take > 0:
+                pieces[p, OBS] = b
+                pieces[p, SHARD] = s
+                pieces[p, START] = pos - shard_starts[s]
+                pieces[p, LENGTH] = take
+                pieces[p, DEST] = b * n + pos - g
+                is_open = sizes[s] >= 0 and np.int64(_load_u64(live[s])) >= 0
+                requests[0, p] = s if is_open else -1
+                requests[1, p] = pieces[p, START] * itemsize
+                requests[2, p] = take * itemsize
+                requests[3, p] = pieces[p, DEST] * itemsize
+                if not is_open and closed < 0:
+                    closed = s
+                p += 1
+                pos += take
+            s += 1
+    return pieces[:p], requests[:, :p], closed, -1
+
+
+@njit(nogil=True, cache=True)
+def read_window_rows(
+    sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
+    shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    docs: list | tuple, inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
+    segments: bool, out: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
+    """``read_windows`` over windows of many datasets (``plan_window_rows``),
+    in row order, in one call: ``fds``, ``addresses`` and ``sizes`` are one
+    table indexed by global shard; ``docs`` every global shard's document
+    offsets (with ``segments``). Returns (bad row, shard not open, the row of
+    the failed request, its status, code, global shard, the first row with an
+    id outside ``bounds``), -1 for what did not happen, as ``read_windows``."""
+    pieces, requests, closed, bad = plan_window_rows(
+        sources, indices, table, n, shard_starts, live, sizes, row.itemsize)
+    if bad >= 0 or closed >= 0:
+        return bad, closed, -1, 1, OK, 0, -1
+    failed, status, code, shard, wrong = _read_planned(
+        pieces, requests, indices.shape[0], n, row, fds, addresses, sizes, use_pread, seq_len,
+        docs, inputs, labels, shift, bounds, segments, out)
+    if failed >= 0:
+        failed = pieces[failed, OBS]
+    return -1, -1, failed, status, code, shard, wrong

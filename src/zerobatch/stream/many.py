@@ -1,0 +1,208 @@
+"""Windows of many local datasets read in one kernel call: ``ManyWindows``.
+
+A mixture's step reads a few windows from each of dozens of sources. One
+``TokenWindows.read`` per source costs a fixed ~6 us of calls and planning
+each, which for small batches costs more than the bytes. ``ManyWindows``
+lays every dataset's shards end to end in one record space, with one table
+of open files indexed by global shard, so that row ``b`` of a batch,
+window ``indices[b]`` of source ``sources[b]``, is planned, read, cast and
+given its document columns by one call of
+:func:`zerobatch.stream._kernels.read_window_rows`, straight into the batch
+in row order (no per-source batches, no scatter).
+
+It takes the sources ``TokenWindows._read_direct`` serves (local files, cast
+token columns, no ``doc_ids`` or metadata) that agree on everything a batch's
+layout depends on (``seq_len``, labels, dtype, columns, record dtype, the
+read method). :meth:`ManyWindows.of` returns None for any other set; callers
+then read each source on its own.
+
+Files open lazily, as ``TokenWindows.read`` opens them, through each
+dataset's ``_open``; a closed dataset makes the next read that touches it
+fail as its own read would. Errors (a truncated file, a token the dtype
+cannot hold, bad document offsets) are raised by re-reading the failing
+sources with their own ``read``, so they name the same file and field.
+Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from numba import typed
+
+from zerobatch.columnar import FieldSchema
+from zerobatch.stream import _kernels as k
+from zerobatch.stream.reader import _NO_DOCS, TokenWindows
+
+__all__ = ["ManyWindows"]
+
+_HANDLE_BYTES = np.dtype(np.int64).itemsize
+
+
+def _layout(source: TokenWindows) -> tuple[Any, ...] | None:
+    """What a batch's layout depends on, or None when ``source`` is not read
+    by the one-call local path."""
+    ds = source._ds
+    if not source._direct or ds._local is None or ds._bases is not None:
+        return None
+    bounds = source._bounds_check
+    return (source._seq_len, source._span, source._shift, source._dtype, source._columns,
+            source._record_dtype, source._plane_dtype, source._planes, source._want_segments,
+            source._mask_labels, bounds.dtype, tuple(bounds.tolist()),
+            ds._local.files()[1])
+
+
+class ManyWindows:
+    """Windows of many local token-stream datasets in one read (module
+    docstring). Build with :meth:`of`."""
+
+    def __init__(self, sources: Sequence[TokenWindows | None]) -> None:
+        present = [s for s in sources if s is not None]
+        self._sources = list(sources)
+        self._first = present[0]
+        datasets: dict[int, Any] = {}
+        for source in present:
+            datasets.setdefault(id(source._ds), source._ds)
+        self._datasets = list(datasets.values())
+        # One record space: each dataset's shards after the previous dataset's.
+        record_base, shard_base, starts, live = {}, {}, [], []
+        records = shards = 0
+        for ds in self._datasets:
+            record_base[id(ds)], shard_base[id(ds)] = records, shards
+            count = ds._shard_starts.shape[0] - 1
+            starts.append(ds._shard_starts[:-1] + records)
+            live.append(ds._token_handles.ctypes.data
+                        + _HANDLE_BYTES * np.arange(count, dtype=np.int64))
+            records += int(ds._shard_starts[-1])
+            shards += count
+        starts.append(np.array([records], dtype=np.int64))
+        self._shard_starts = np.concatenate(starts)
+        self._live = np.concatenate(live)
+        self._owner = np.repeat(np.arange(len(self._datasets)),
+                                [ds._shard_starts.shape[0] - 1 for ds in self._datasets])
+        self._local_shard = np.arange(shards, dtype=np.int64) - np.repeat(
+            [shard_base[id(ds)] for ds in self._datasets],
+            [ds._shard_starts.shape[0] - 1 for ds in self._datasets]).astype(np.int64)
+        # Per source (base record, stride, windows); base -1: cannot be read.
+        self._table = np.zeros((len(self._sources), 3), dtype=np.int64)
+        self._table[:, 0] = -1
+        for s, one in enumerate(self._sources):
+            if one is not None:
+                self._table[s] = record_base[id(one._ds)], one._stride, len(one)
+        # The open-file table, by global shard (sizes < 0: not in it yet).
+        self._fds = np.full(shards, -1, dtype=np.int64)
+        self._addresses = np.zeros(shards, dtype=np.int64)
+        self._sizes = np.full(shards, -1, dtype=np.int64)
+        self._maps: list[Any] = [None] * shards  # keeps the mappings the table points into
+        local = self._first._ds._local
+        assert local is not None  # of() takes local datasets only
+        self._use_pread = bool(local.files()[1])
+        self._docs: Any = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, sources: Sequence[Any]) -> ManyWindows | None:
+        """A ``ManyWindows`` over ``sources`` (None entries are sources that
+        cannot be read), or None unless every other entry is a
+        ``TokenWindows`` on local files read by the one-call path and all of
+        them give the same layout."""
+        layouts = set()
+        for source in sources:
+            if source is None:
+                continue
+            if type(source) is not TokenWindows:
+                return None
+            layout = _layout(source)
+            if layout is None:
+                return None
+            layouts.add(layout)
+            if len(layouts) > 1:
+                return None
+        return cls(sources) if layouts else None
+
+    @property
+    def schema(self) -> dict[str, FieldSchema]:
+        """The schema of the columns :meth:`read` returns (``cu_seqlens``'s
+        lengths vary: see :meth:`read`)."""
+        return dict(self._first._direct_schema)
+
+    def read(self, sources: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]
+             ) -> tuple[dict[str, Any], dict[str, FieldSchema]]:
+        """Row ``b``: window ``indices[b]`` of source ``sources[b]`` (int64
+        arrays of one length), as the columns and schema ``TokenWindows.read``
+        gives, in row order."""
+        first = self._first
+        rows = indices.shape[0]
+        inputs, labels, positions, out = first._outputs(
+            first._ds._arena.take(first._output_bytes(rows)), 0, rows)
+        row = np.empty(first._span, first._record_dtype)
+        docs = self._docs_tables() if first._want_segments else _NO_DOCS
+        while True:
+            bad, closed, failed, _, code, _, wrong = k.read_window_rows(
+                sources, indices, self._table, first._span,
+                self._shard_starts, self._live, row, self._fds, self._addresses, self._sizes,
+                self._use_pread, first._seq_len, docs, inputs, labels, first._shift,
+                first._bounds_check, first._want_segments, out)
+            if closed < 0:
+                break
+            self._open(sources, indices)
+        if bad >= 0 or failed >= 0 or code != k.OK or wrong >= 0:
+            self._raise(sources, indices, bad)
+        columns = first._token_columns(inputs, labels, positions, out)
+        schema = first._direct_schema
+        if first._want_cu:
+            schema = {**schema, "cu_seqlens": first._cu_schema(out)}
+            schema = {name: schema[name] for name in columns}
+        return columns, schema
+
+    def _open(self, sources: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]) -> None:
+        """Open the shards these rows read that are not in the table (a closed
+        dataset raises its ValueError)."""
+        pieces = k.plan_window_rows(sources, indices, self._table, self._first._span,
+                                    self._shard_starts, self._live, self._sizes, 1)[0]
+        wanted = np.unique(pieces[:, k.SHARD])
+        with self._lock:
+            for d in np.unique(self._owner[wanted]).tolist():
+                ds = self._datasets[d]
+                mine = wanted[self._owner[wanted] == d]
+                local = self._local_shard[mine]
+                handles = ds._open(local)[local]
+                files = ds._local.files()[0]  # local: of() checked it
+                for g, h in zip(mine.tolist(), handles.tolist(), strict=True):
+                    self._fds[g] = files.fds[h]
+                    self._addresses[g] = files.addresses[h]
+                    self._maps[g] = files.maps[h]
+                    self._sizes[g] = files.sizes[h]  # last: marks the entry complete
+
+    def _docs_tables(self) -> Any:
+        """Every global shard's document offsets (one typed list, built once)."""
+        found = self._docs
+        if found is None:
+            with self._lock:
+                if self._docs is None:
+                    tables = typed.List()
+                    for ds in self._datasets:
+                        tables.extend(ds._docs_tables())
+                    self._docs = tables
+                found = self._docs
+        return found
+
+    def _raise(self, sources: npt.NDArray[np.int64], indices: npt.NDArray[np.int64],
+               bad: int) -> None:
+        """Raise what the sources' own reads raise for these rows."""
+        if bad >= 0:
+            s, i = int(sources[bad]), int(indices[bad])
+            if not 0 <= s < len(self._sources) or self._sources[s] is None:
+                raise IndexError(f"row {bad} reads source {s}, which cannot be read")
+            raise IndexError(f"window {i} is out of range for {int(self._table[s, 2])} windows "
+                             f"of source {s}")
+        for s in np.unique(sources).tolist():
+            source = self._sources[s]
+            assert source is not None
+            source.read(indices[sources == s])
+        raise RuntimeError("a read of many windows failed, and reading each source again "
+                           "did not (a file changed while it was read?)")
