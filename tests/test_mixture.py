@@ -176,6 +176,31 @@ def test_resumes_with_changed_weights_never_repeat_or_skip(count: int, data: Any
         np.testing.assert_array_equal(got, _own_order(order, s, np.arange(got.shape[0])))
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixtures(max_sources=20), st.data())
+def test_the_row_kernels_equal_the_pure_order(case: Any, data: Any) -> None:
+    """``observe`` (one kernel for a step's positions, the per-row Feistel of
+    ``pass_indices`` otherwise) gives what ``observations`` gives."""
+    lengths, stages, seed = case
+    lengths = [data.draw(st.sampled_from([n, 1, 2**40 + n, 2**62 + n])) for n in lengths]
+    order = MixtureOrder([f"s{i}" for i in range(len(lengths))], lengths, stages, seed=seed)
+    first = data.draw(st.integers(0, stages[-1].start + 5_000))
+    width = data.draw(st.integers(1, 3 * max(s.block_size for s in stages) + 2))
+    for positions in (np.arange(first, first + width, dtype=np.int64),
+                      np.array(data.draw(st.lists(st.integers(0, 10**6), max_size=20)),
+                               dtype=np.int64)):
+        sources, _, index = order.observations(positions)
+        got_sources, got_index, over = order.observe(positions, order.table())
+        assert over == -1
+        np.testing.assert_array_equal(got_sources, sources)
+        np.testing.assert_array_equal(got_index, index)
+    table = order.table([1] * len(lengths))  # one pass each: the first row past it is named
+    positions = np.arange(first, first + width, dtype=np.int64)
+    sources, passes, _ = order.observations(positions)
+    late = np.flatnonzero(passes >= 1)
+    assert order.observe(positions, table)[2] == (int(late[0]) if late.size else -1)
+
+
 def test_large_sizes_map_to_in_range_distinct_observations() -> None:
     rng = np.random.default_rng(5)
     count = 10_000

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -258,6 +258,17 @@ class Mixture:
     def __repr__(self) -> str:
         return (f"Mixture({len(self._sources)} sources, length={self._length}, "
                 f"stages={len(self._order.stages)}, seed={self._seed})")
+
+    @property
+    def collate(self) -> Callable[..., Any] | None:
+        """The sources' own collation when they share one (windows: the varlen
+        contract's flat ``cu_seqlens``; what ``Loader`` calls for its
+        ``"numpy"`` and ``"torch"`` outputs), else None (the default outputs).
+        The ``source`` column passes through it."""
+        kinds = {getattr(type(s), "collate", None) for s in self._sources.values()}
+        if len(kinds) != 1 or None in kinds:
+            return None
+        return next(iter(self._sources.values())).collate  # type: ignore[no-any-return]
 
     @property
     def names(self) -> tuple[str, ...]:
