@@ -268,7 +268,7 @@ class Mixture:
         kinds = {getattr(type(s), "collate", None) for s in self._sources.values()}
         if len(kinds) != 1 or None in kinds:
             return None
-        return next(iter(self._sources.values())).collate  # type: ignore[no-any-return]
+        return next(iter(self._sources.values())).collate
 
     @property
     def names(self) -> tuple[str, ...]:
