@@ -452,3 +452,71 @@ def test_loader_dataset_workers_yield_the_loaders_steps(corpora):
     got = [b["doc_ids"][0].tolist() for b in
            torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)]
     assert got == want and len(got) == len(dataset)
+
+
+def _same_columns(got: dict[str, Any], want: dict[str, Any]) -> None:
+    import torch
+
+    assert list(got) == list(want)
+    for name, value in want.items():
+        mine = got[name]
+        if isinstance(value, tuple):  # torch doc_ids: (values, offsets)
+            assert all(torch.equal(a, b) for a, b in zip(mine, value, strict=True)), name
+        elif isinstance(value, torch.Tensor):
+            assert mine.dtype == value.dtype and torch.equal(mine, value), name
+        elif isinstance(value, np.ndarray):
+            assert mine.dtype == value.dtype and np.array_equal(mine, value), name
+        elif hasattr(value, "offsets"):  # Jagged doc_ids
+            assert np.array_equal(mine.values, value.values), name
+            assert np.array_equal(mine.offsets, value.offsets), name
+        else:
+            assert mine == value, name
+
+
+@settings(max_examples=25, deadline=None, phases=_QUICK)
+@given(corpus=st.sampled_from(["lognormal", "long", "uniform"]), seq_len=st.integers(4, 96),
+       window=st.integers(8, 40), policy=st.sampled_from(["split", "truncate", "drop"]),
+       labels=st.sampled_from(["shifted", "aligned"]), mask=st.booleans(),
+       dtype=st.sampled_from(["int64", "int32", "stored"]), attention=st.booleans(),
+       output=st.sampled_from(["numpy", "torch"]), batch=st.integers(1, 6),
+       pad=st.booleans(), seed=st.integers(0, 5), start=st.integers(0, 40))
+def test_read_collated_equals_read_then_collate(corpora, corpus, seq_len, window, policy,
+                                                labels, mask, dtype, attention, output,
+                                                batch, pad, seed, start):
+    """The one-pass path (local files straight into the contract) gives exactly
+    what read + collate give, for rows of one window and of several."""
+    packed = open_dataset(corpora[corpus]).documents(dtype=dtype).packed(
+        seq_len, window=window, policy=policy, labels=labels,
+        loss_mask="loss_mask" if mask else None, attention_mask=attention,
+        cu_seqlens_size=2 * batch * seq_len + 1 if attention else None, seed=seed)
+    plan, _ = packed.bind_plan(batch, seed=seed)
+    total = packed.rows(0)
+    if total == 0:
+        return
+    first = min(start, total - 1)
+    rows = [plan.rank_indices(0, (first + k) % total, 0, 1)[0][:1] for k in range(batch)]
+    ids = np.concatenate(rows)
+    padding = np.arange(batch) % 2 == 1 if pad else None
+    _same_columns(packed.read_collated(ids, padding, output),
+                  packed._read_then_collate(ids, padding, output))
+
+
+def test_loader_reads_collated_without_a_transform(corpora, monkeypatch):
+    """With no transform the Loader reads and collates in one call; a
+    transform gets the Batch that read returns, and the same columns follow."""
+    packed = open_dataset(corpora["long"]).documents().packed(48, window=24,
+                                                              loss_mask="loss_mask")
+    direct = list(Loader(packed, 3, seed=1, output="numpy", num_threads=0))
+    seen = []
+
+    def transform(batch):
+        seen.append(batch)
+        return batch
+
+    with monkeypatch.context() as m:
+        m.setattr(PackedRows, "read_collated", lambda *a, **k: pytest.fail("not one pass"))
+        slow = list(Loader(packed, 3, seed=1, output="numpy", num_threads=0,
+                           transform=transform))
+    assert len(seen) == len(slow) == len(direct) > 0
+    for got, want in zip(direct, slow, strict=True):
+        _same_columns(got, want)

@@ -8,8 +8,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from zerobatch.storage.local import prefetch_request, read_request
+
 __all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_batch",
-           "make_pieces", "reorder_rows", "row_windows", "scatter_rows", "window_rows"]
+           "make_pieces", "read_contract", "reorder_rows", "row_windows", "scatter_rows",
+           "window_rows"]
 
 TRUNCATE, SPLIT, DROP = 0, 1, 2
 POLICIES = {"truncate": TRUNCATE, "split": SPLIT, "drop": DROP}
@@ -245,3 +248,162 @@ def row_windows(ids: np.ndarray, row_bits: int, window_mask: int, windows: int
         elif k != key:
             key = -2
     return -1, max(key, -1)
+
+
+@njit(cache=True, nogil=True)
+def _count_pieces(rows: np.ndarray, row_offsets: np.ndarray) -> tuple[np.ndarray, int]:
+    """(batch row offsets ``[B + 1]`` of the pieces of ``rows``, the first ``j``
+    with ``rows[j]`` out of range or -1)."""
+    count = rows.shape[0]
+    limit = row_offsets.shape[0] - 1
+    out = np.zeros(count + 1, np.int64)
+    for j in range(count):
+        r = rows[j]
+        if r < 0 or r >= limit:
+            return out, j
+        out[j + 1] = out[j] + row_offsets[r + 1] - row_offsets[r]
+    return out, -1
+
+
+@njit(cache=True, nogil=True)
+def read_contract(
+    rows: np.ndarray, row_offsets: np.ndarray, doc: np.ndarray, size: np.ndarray,
+    shard: np.ndarray, record: np.ndarray, handles: np.ndarray, bases: np.ndarray,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
+    record_buffer: np.ndarray, tokens: np.ndarray, mask: np.ndarray, has_mask: bool,
+    padding: np.ndarray, options: np.ndarray, input_ids: np.ndarray, labels: np.ndarray,
+    position_ids: np.ndarray, seq_idx: np.ndarray, segment_ids: np.ndarray,
+    attention_mask: np.ndarray, cu: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, int, int, int, int, int, int]:
+    """Rows ``rows`` of a packed window (``row_offsets``, ``doc``, ``size``,
+    ``shard``, ``record``: its pieces grouped by row, each piece's shard and
+    first record there) read straight from the local token files and written
+    as the varlen contract in one pass. Every piece of the batch is
+    prefetched first; then each piece's records (only its range of its
+    document) are read into ``record_buffer`` (``read_request`` over
+    ``LocalStorage.files``), its tokens (``tokens``, and ``mask`` with
+    ``has_mask``: strided views of that buffer) cast into ``input_ids`` and
+    its labels, position_ids, seq_idx (and ``segment_ids``/``attention_mask``
+    when they have rows) written while the piece is in the L1 cache.
+    ``handles`` and ``bases``: every shard's open handle (-1: not yet) and
+    byte base. ``options``: (label mode 1 shifted / 2 aligned, pad_id). Rows
+    with ``padding[j]`` get labels -100 throughout.
+
+    Returns (batch piece offsets ``[B + 1]``, their documents, segments in
+    ``cu``, max_seqlen, bad row position or -1, shard not open or -1, failed
+    piece or -1, its ``read_request`` status or -4: a piece that does not
+    fit its row). Nothing is read when a row is bad or a shard is not open.
+    """
+    out_offsets, bad = _count_pieces(rows, row_offsets)
+    count = rows.shape[0]
+    out_doc = np.empty(out_offsets[count], np.int64)
+    if bad >= 0:
+        return out_offsets, out_doc, 0, 0, bad, -1, -1, 1
+    seq_len = input_ids.shape[1]
+    itemsize = record_buffer.itemsize
+    q = 0
+    for j in range(count):  # check and prefetch every piece before reading any
+        for p in range(row_offsets[rows[j]], row_offsets[rows[j] + 1]):
+            sh = shard[p]
+            if handles[sh] < 0:
+                return out_offsets, out_doc, 0, 0, -1, sh, -1, 1
+            if size[p] < 1 or size[p] > seq_len:
+                return out_offsets, out_doc, 0, 0, -1, -1, p, -4
+            out_doc[q] = doc[p]
+            q += 1
+            prefetch_request(handles[sh], bases[sh] + record[p] * itemsize, size[p] * itemsize,
+                             addresses, sizes, use_pread)
+    mode, pad_id = options[0], options[1]
+    address = record_buffer.ctypes.data
+    jax = segment_ids.shape[0] > 0
+    attention = attention_mask.shape[0] > 0
+    s = 0
+    longest = 0
+    cu[0] = 0
+    for j in range(count):
+        ids = input_ids[j]
+        lab = labels[j]
+        pos = position_ids[j]
+        idx = seq_idx[j]
+        base = j * seq_len
+        at = 0
+        local = 1
+        masked = padding.shape[0] > 0 and padding[j]
+        for p in range(row_offsets[rows[j]], row_offsets[rows[j] + 1]):
+            n = size[p]
+            sh = shard[p]
+            if at + n > seq_len:
+                return out_offsets, out_doc, 0, 0, -1, -1, p, -4
+            status = read_request(handles[sh], bases[sh] + record[p] * itemsize, n * itemsize,
+                                  address, fds, addresses, sizes, use_pread)
+            if status < 1:
+                return out_offsets, out_doc, 0, 0, -1, -1, p, status
+            # tokens and labels in one pass over the piece's (strided) records, then
+            # simple loops that vectorize
+            if masked or mode == 0:
+                for i in range(n):
+                    ids[at + i] = tokens[i]
+                if masked:
+                    for i in range(n):
+                        lab[at + i] = -100
+            elif mode == 1:  # shifted: the next token, where its mask takes the loss
+                ids[at] = tokens[0]
+                if has_mask:
+                    for i in range(1, n):
+                        value = tokens[i]
+                        ids[at + i] = value
+                        lab[at + i - 1] = value if mask[i] != 0 else -100
+                else:
+                    for i in range(1, n):
+                        value = tokens[i]
+                        ids[at + i] = value
+                        lab[at + i - 1] = value
+                lab[at + n - 1] = -100
+            else:  # aligned: this token, not the first, where the mask takes it
+                ids[at] = tokens[0]
+                lab[at] = -100
+                if has_mask:
+                    for i in range(1, n):
+                        value = tokens[i]
+                        ids[at + i] = value
+                        lab[at + i] = value if mask[i] != 0 else -100
+                else:
+                    for i in range(1, n):
+                        value = tokens[i]
+                        ids[at + i] = value
+                        lab[at + i] = value
+            for i in range(n):
+                pos[at + i] = i
+            for i in range(n):
+                idx[at + i] = s
+            if jax:
+                for i in range(n):
+                    segment_ids[j, at + i] = local
+            if attention:
+                for i in range(n):
+                    attention_mask[j, at + i] = 1
+            at += n
+            s += 1
+            local += 1
+            cu[s] = base + at
+            longest = max(longest, n)
+        if at < seq_len:  # the padding tail: a segment of its own
+            for i in range(at, seq_len):
+                ids[i] = pad_id
+            for i in range(at, seq_len):
+                pos[i] = i - at
+            for i in range(at, seq_len):
+                idx[i] = s
+            if mode != 0:
+                for i in range(at, seq_len):
+                    lab[i] = -100
+            if jax:
+                for i in range(at, seq_len):
+                    segment_ids[j, i] = 0
+            if attention:
+                for i in range(at, seq_len):
+                    attention_mask[j, i] = 0
+            longest = max(longest, seq_len - at)
+            s += 1
+            cu[s] = base + seq_len
+    return out_offsets, out_doc, s, longest, -1, -1, -1, 1

@@ -121,9 +121,10 @@ def _output_object(output: Any, deprecated: dict[str, Any]) -> Any:
     raise ValueError(f"{' and '.join(sorted(given))} need {needs}")
 
 
-def _then_torch(collate: Callable[[Batch], Any], pin_memory: bool,
-                device: Any) -> Callable[[Batch], Any]:
-    """``collate``, then its tensors pinned and moved to ``device``."""
+def _then_torch(collate: Callable[..., Any], pin_memory: bool,
+                device: Any) -> Callable[..., Any]:
+    """``collate`` (of a batch, or a step's indices and padding), then its
+    tensors pinned and moved to ``device``."""
     import torch
 
     if pin_memory and not torch.cuda.is_available():
@@ -138,7 +139,7 @@ def _then_torch(collate: Callable[[Batch], Any], pin_memory: bool,
             return value if device is None else value.to(device, non_blocking=pin_memory)
         return value
 
-    return lambda batch: {name: move(v) for name, v in collate(batch).items()}
+    return lambda *args: {name: move(v) for name, v in collate(*args).items()}
 
 
 class Loader:
@@ -249,6 +250,8 @@ class Loader:
         # Why state_dict() is not the position trained on (zerobatch.torch sets it), or None.
         self._stale: str | None = None
         self._convert: Callable[[Batch], Any] | None = None
+        # read + collate in one call (a source's read_collated), bound with _convert
+        self._collated: Callable[[Any, Any], Any] | None = None
         self._placement: _Placement | None = None
         if not isinstance(output, str):
             self._converter()  # an output object binds now: a source it cannot take fails here
@@ -264,7 +267,8 @@ class Loader:
         self._refresh_rank()
         state = dict(self.__dict__)
         state["_iterator"] = None
-        state["_convert"] = state["_placement"] = None  # bound again where it is used
+        # bound again where it is used
+        state["_convert"] = state["_placement"] = state["_collated"] = None
         return state
 
     @property
@@ -339,7 +343,7 @@ class Loader:
         self._plan = dataclasses.replace(self._plan, world_size=world_size)
         self._rank = self._plan.check_rank(rank)
         self._position.plan = self._plan
-        self._convert = self._placement = None  # bound to the plan: bind again
+        self._convert = self._placement = self._collated = None  # bound to the plan: bind again
         self._rank_origin = origin
         _log.info("zerobatch Loader: rank %d of %d from %s", rank, world_size, origin)
 
@@ -376,6 +380,8 @@ class Loader:
         """:meth:`produce` with the rank's ``indices`` and ``padding`` at the step
         already computed (:func:`zerobatch.plan.rank_steps`; unused with a JaxOutput)."""
         convert = self._converter()
+        if self._collated is not None and indices is not None:  # read and collate in one pass
+            return self._collated(indices, None if self._plan.drop_last else padding)
         if self._placement is not None:
             batch = self._source.read(self._placement.indices(consumed,
                                                               self._plan.order(epoch)))
@@ -390,13 +396,22 @@ class Loader:
         """The bound output (and :attr:`_placement`), made on first use."""
         collate = getattr(self._source, "collate", None)
         if self._convert is None and callable(collate):
-            # a source with a collation of its own (packed rows: the varlen contract)
+            # a source with a collation of its own (packed rows: the varlen contract),
+            # and, without a transform to run in between, a read that collates at once
+            collated = getattr(self._source, "read_collated", None)
+            if not callable(collated) or self._transform is not None:
+                collated = None
             if self._output in ("torch", "numpy"):
                 self._convert = functools.partial(collate, output=self._output)
+                if collated is not None:
+                    self._collated = functools.partial(collated, output=self._output)
             elif hasattr(self._output, "pin_memory") and hasattr(self._output, "device"):
                 torch_output: Any = self._output  # zerobatch.torch.TorchOutput
                 self._convert = _then_torch(functools.partial(collate, output="torch"),
                                             torch_output.pin_memory, torch_output.device)
+                if collated is not None:
+                    self._collated = _then_torch(functools.partial(collated, output="torch"),
+                                                 torch_output.pin_memory, torch_output.device)
         if self._convert is None:
             if not isinstance(self._output, str):
                 convert = self._output.bind(self._plan, self._source)
@@ -449,7 +464,7 @@ class Loader:
             step = position.check(state)
             self._stop()
             self._source, self._plan, self._position = source, plan, position
-            self._convert = self._placement = None  # bound to the plan and source: bind again
+            self._convert = self._placement = self._collated = None  # bound to them: bind again
         else:
             step = self._position.check(state)
             self._stop()

@@ -87,7 +87,17 @@ from zerobatch import _packing_kernels as pk
 from zerobatch.columnar import Batch, FieldSchema, Jagged
 from zerobatch.plan import Plan, Planned, epoch_seed
 from zerobatch.shuffle import Feistel
-from zerobatch.varlen import IGNORE_INDEX, LABEL_MODES, to_output, varlen_columns
+from zerobatch.stream._arena import ALIGN as _ALIGN
+from zerobatch.stream.index import MappedIndex
+from zerobatch.stream.manifest import TOKENS
+from zerobatch.varlen import (
+    IGNORE_INDEX,
+    LABEL_MODES,
+    Columns,
+    static_cu_seqlens,
+    to_output,
+    varlen_columns,
+)
 
 __all__ = ["DEFAULT_WINDOW", "MIN_WINDOW", "POLICIES", "PackedPlan", "PackedRows"]
 
@@ -99,6 +109,7 @@ class _Documents(Protocol):
 
     _ds: Any  # the stream Dataset: manifest, path, has_metadata
     _dtype: np.dtype | None
+    _max_len: int | None
 
     def __len__(self) -> int: ...
     @property
@@ -127,6 +138,8 @@ _ROW_DOMAIN = 0x524F574F52444552  # "ROWORDER": the rows' order apart from the d
 _CACHED_WINDOWS = 16
 _CACHED_EPOCHS = 4
 _log = logging.getLogger("zerobatch.packing")
+_NO_PADDING = np.zeros(0, np.bool_)
+_SHARD, _START = 1, 2  # columns of the stream reader's pieces (stream._kernels)
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,10 @@ class _Window:
     size: npt.NDArray[np.int64]
     row_offsets: npt.NDArray[np.int64]
     stats: npt.NDArray[np.int64]  # see _STAT_NAMES
+    # each piece's shard and first record there, where read_collated reads
+    # local files itself (else None)
+    shard: npt.NDArray[np.int64] | None = None
+    record: npt.NDArray[np.int64] | None = None
 
     @property
     def rows(self) -> int:
@@ -146,6 +163,40 @@ class _Window:
 
 _STAT_NAMES = ("documents", "rows", "tokens", "dropped_documents", "dropped_tokens",
                "cut_documents", "pieces")
+
+
+class _Direct:
+    """What a packed source needs to read and collate in one pass
+    (:meth:`PackedRows.read_collated`): the input_ids dtype, the kernel's
+    options (label mode, pad id), whether a loss-mask field is read, every
+    shard's byte base in its token file; and the byte layout of the
+    outputs per batch shape (cached)."""
+
+    def __init__(self, dtype: np.dtype, options: npt.NDArray[np.int64], has_mask: bool,
+                 bases: npt.NDArray[np.int64]) -> None:
+        self.dtype, self.options, self.has_mask, self.bases = dtype, options, has_mask, bases
+        self._layouts: dict[tuple[int, int, bool, bool], tuple[int, list[Any]]] = {}
+
+    def layout(self, rows: int, seq_len: int, jax: bool, attention: bool
+               ) -> tuple[int, list[tuple[tuple[int, ...], np.dtype, int]]]:
+        """(bytes, [(shape, dtype, byte offset)] of input_ids, labels,
+        position_ids, seq_idx, segment_ids, attention_mask and cu_seqlens)
+        for a batch of ``rows`` rows; an output not asked for has no rows."""
+        key = (rows, seq_len, jax, attention)
+        known = self._layouts.get(key)
+        if known is None:
+            plane = (rows, seq_len)
+            shapes = [(plane, self.dtype), (plane, np.dtype(np.int64)),
+                      (plane, np.dtype(np.int64)), (plane, np.dtype(np.int32)),
+                      (plane if jax else (0, 0), np.dtype(np.int32)),
+                      (plane if attention else (0, 0), np.dtype(np.int64)),
+                      ((rows * (seq_len + 1) + 1,), np.dtype(np.int32))]
+            layout, at = [], 0
+            for shape, dtype in shapes:
+                layout.append((shape, dtype, at))
+                at += -(-int(np.prod(shape)) * dtype.itemsize // _ALIGN) * _ALIGN
+            known = self._layouts[key] = (at, layout)
+        return known
 
 
 class _Walk:
@@ -242,6 +293,8 @@ class PackedRows:
         self._walks: OrderedDict[int, _Walk] = OrderedDict()
         self._stats: OrderedDict[int, np.ndarray] = OrderedDict()
         self._logged: set[int] = set()
+        self._threads = threading.local()  # each reader thread's record buffer
+        self._direct_cache: _Direct | Literal[False] | None = False  # False: not known yet
 
     def _options(self) -> dict[str, Any]:
         return {"window": self.window, "policy": self.policy, "labels": self.labels,
@@ -285,22 +338,11 @@ class PackedRows:
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The rows of ``indices`` (row ids, see the module docstring) as one Batch."""
         ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).reshape(-1)
-        bad, key = pk.row_windows(ids, _ROW_BITS, _WINDOW_MASK, self._windows_per_epoch)
-        if bad >= 0:
-            raise IndexError(f"row id {int(ids[bad])} names window "
-                             f"{(int(ids[bad]) >> _ROW_BITS) & _WINDOW_MASK}; an epoch has "
-                             f"{self._windows_per_epoch}")
-        rows = ids & _ROW_MASK
-        if key >= 0:  # the usual: the rows of one window
-            epoch, w = key >> _WINDOW_BITS, key & _WINDOW_MASK
-            packed = self._window(epoch, w)
-            row_offsets, doc, start, size, bad_row = pk.window_rows(
-                rows, packed.row_offsets, packed.doc, packed.start, packed.size)
-            if bad_row >= 0:
-                raise IndexError(f"row id {int(ids[bad_row])}: window {w} of epoch {epoch} "
-                                 f"has {packed.rows} rows, not {int(rows[bad_row]) + 1}")
-        else:
-            row_offsets, doc, start, size = self._pieces_of(ids, ids >> _ROW_BITS, rows)
+        rows, offsets, doc, start, size = self._rows_of(ids)
+        row_offsets, doc, start, size, bad_row = pk.window_rows(rows, offsets, doc, start, size)
+        if bad_row >= 0:
+            raise IndexError(f"row id {int(ids[bad_row])}: its window has "
+                             f"{offsets.shape[0] - 1} rows, not {int(rows[bad_row]) + 1}")
         counts = np.diff(row_offsets)
         if self.loss_spans is None:  # the stored records: no cast, no Batch, no metadata
             records, offsets = self._docs.records(doc)
@@ -332,6 +374,162 @@ class PackedRows:
             columns[name] = Jagged._unchecked(values, row_offsets)
             schema[name] = jagged
         return Batch._trusted(columns, ids, schema)
+
+    def read_collated(self, indices: Sequence[int] | npt.NDArray[np.integer],
+                      padding: npt.NDArray[np.bool_] | None = None,
+                      output: str = "numpy") -> dict[str, Any]:
+        """``collate(read(indices))`` (with the ``padding`` column when given) in
+        one pass where the documents are local files: each row's pieces are
+        read straight from the mapped token files (only the pieces' ranges)
+        and written as the varlen contract by one kernel, into a recycled
+        buffer; no Batch, no intermediate records. Other storage, and
+        ``loss_spans`` (which reads span metadata), take ``read`` then
+        ``collate``. The Loader calls this when it has no ``transform``."""
+        direct = self._direct()
+        if direct is None or output not in ("numpy", "torch"):
+            return self._read_then_collate(indices, padding, output)
+        ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).reshape(-1)
+        bad, key = pk.row_windows(ids, _ROW_BITS, _WINDOW_MASK, self._windows_per_epoch)
+        if bad >= 0 or key < 0:  # a bad id (read names it), or rows of several windows
+            return self._read_then_collate(indices, padding, output)
+        packed = self._window(key >> _WINDOW_BITS, key & _WINDOW_MASK)
+        if packed.shard is None or packed.record is None:
+            return self._read_then_collate(indices, padding, output)
+        rows = ids & _ROW_MASK
+        ds = self._docs._ds
+        local = ds._local
+        jax = output == "jax"
+        nbytes, layout = direct.layout(ids.shape[0], self.seq_len, jax, self.attention_mask)
+        buffer = ds._arena.take(nbytes)
+        input_ids, labels, position_ids, seq_idx, segment_ids, attention, cu = (
+            np.ndarray(shape, dtype, buffer, offset) for shape, dtype, offset in layout)
+        record, tokens, mask = self._record_buffer()
+        flags = _NO_PADDING if padding is None else np.ascontiguousarray(padding, np.bool_)
+        while True:
+            handles = ds._token_handles.copy()  # before the file table (tables only grow)
+            files, use_pread = local.files()
+            offsets, doc_ids, segments, longest, bad, closed, failed, status = \
+                pk.read_contract(rows, packed.row_offsets, packed.doc, packed.size,
+                                 packed.shard, packed.record, handles, direct.bases,
+                                 files.fds, files.addresses, files.sizes, use_pread, record,
+                                 tokens, mask, direct.has_mask, flags, direct.options,
+                                 input_ids, labels, position_ids, seq_idx, segment_ids,
+                                 attention, cu)
+            if closed < 0:
+                break
+            ds._open(np.array([closed], np.int64))
+        if bad >= 0:
+            raise IndexError(f"row id {int(ids[bad])}: window {key & _WINDOW_MASK} of epoch "
+                             f"{key >> _WINDOW_BITS} has {packed.rows} rows, not "
+                             f"{int(rows[bad]) + 1}")
+        if failed >= 0:
+            self._read_failed(ds, packed, failed, status)
+        out: dict[str, Any] = {"input_ids": input_ids, "labels": labels,
+                               "position_ids": position_ids}
+        out["cu_seqlens"] = self._static(cu[:segments + 1])
+        out["max_seqlen"] = int(longest)
+        out["seq_idx"] = seq_idx
+        if jax:
+            out["segment_ids"] = segment_ids
+            out["positions"] = position_ids.astype(np.int32)
+        if self.attention_mask:
+            out["attention_mask"] = attention
+        if padding is not None:
+            out["padding"] = np.asarray(padding, bool)
+        out = to_output(out, output)
+        if output == "torch":
+            import torch
+
+            out["doc_ids"] = (torch.from_numpy(doc_ids), torch.from_numpy(offsets))
+        else:
+            out["doc_ids"] = Jagged._unchecked(doc_ids, offsets)
+        return Columns(out)
+
+    def _direct(self) -> _Direct | None:
+        """What :meth:`read_collated` needs to read in one pass (local files of
+        a stream dataset, no span metadata to read), else None."""
+        if self._direct_cache is not False:
+            return self._direct_cache
+        ds: Any = getattr(self._docs, "_ds", None)
+        direct = None
+        if (self.loss_spans is None and getattr(ds, "_local", None) is not None
+                and isinstance(getattr(ds, "_index", None), MappedIndex)):
+            record = ds.manifest.record_dtype
+            field = ds.manifest.token_field
+            stored = record if field is None else record.fields[field][0]
+            bases = (ds._bases if ds._bases is not None
+                     else np.zeros(len(ds.manifest.shards), np.int64))
+            direct = _Direct(np.dtype(self._docs._dtype or stored),
+                             np.array([1 if self.labels == "shifted" else 2, self.pad_id],
+                                      np.int64),
+                             self.loss_mask is not None, bases)
+        self._direct_cache = direct
+        return direct
+
+    def _record_buffer(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This thread's buffer of ``seq_len`` records (one piece at a time) and
+        its token and loss-mask views."""
+        cached: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(
+            self._threads, "record", None)
+        if cached is None:
+            manifest = self._docs._ds.manifest
+            record = np.empty(self.seq_len, manifest.record_dtype)
+            field = manifest.token_field
+            tokens = record if field is None else record[field]
+            mask = tokens if self.loss_mask is None else record[self.loss_mask]
+            cached = self._threads.record = (record, tokens, mask)
+        return cached
+
+    def _static(self, cu: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+        """``cu`` padded to ``cu_seqlens_size`` (when set) by repeating its end."""
+        size = self.cu_seqlens_size
+        if size is None:
+            return cu
+        return static_cu_seqlens(cu, size)
+
+    def _read_then_collate(self, indices: Sequence[int] | npt.NDArray[np.integer],
+                           padding: npt.NDArray[np.bool_] | None, output: str
+                           ) -> dict[str, Any]:
+        """``collate(read(indices))``, with the ``padding`` column when given."""
+        batch = self.read(indices)
+        if padding is not None:
+            columns = batch.to_numpy()
+            columns["padding"] = padding
+            batch = Batch.from_columns(columns, batch.meta)
+        return self.collate(batch, output)
+
+    def _read_failed(self, ds: Any, packed: _Window, piece: int, status: int) -> None:
+        """Raise for piece ``piece`` of ``packed`` that ``read_contract`` could not read."""
+        assert packed.shard is not None
+        shard = int(packed.shard[piece])
+        where = (f"document {int(packed.doc[piece])}, tokens {int(packed.start[piece])}:"
+                 f"{int(packed.start[piece] + packed.size[piece])}")
+        if status == -4:
+            raise ValueError(f"{where}: does not fit its row of {self.seq_len} tokens")
+        if status == 0:
+            raise ds._shard_error(shard, TOKENS, "bytes",
+                                  f"file ends before the records of {where}; truncated or "
+                                  "not fully written?")
+        raise OSError(f"reading {where} from shard {shard} failed (read status {status})")
+
+    def _rows_of(self, ids: npt.NDArray[np.int64]
+                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                            npt.NDArray[np.int64], npt.NDArray[np.int64],
+                            npt.NDArray[np.int64]]:
+        """(rows, row offsets, doc, start, size): batch row ``j``'s pieces are
+        ``row_offsets[rows[j]]:row_offsets[rows[j] + 1]`` of the piece arrays --
+        its window's when the rows come from one window, else the batch's own."""
+        bad, key = pk.row_windows(ids, _ROW_BITS, _WINDOW_MASK, self._windows_per_epoch)
+        if bad >= 0:
+            raise IndexError(f"row id {int(ids[bad])} names window "
+                             f"{(int(ids[bad]) >> _ROW_BITS) & _WINDOW_MASK}; an epoch has "
+                             f"{self._windows_per_epoch}")
+        rows = ids & _ROW_MASK
+        if key >= 0:  # the usual: the rows of one window
+            packed = self._window(key >> _WINDOW_BITS, key & _WINDOW_MASK)
+            return rows, packed.row_offsets, packed.doc, packed.start, packed.size
+        offsets, doc, start, size = self._pieces_of(ids, ids >> _ROW_BITS, rows)
+        return np.arange(ids.shape[0], dtype=np.int64), offsets, doc, start, size
 
     def _pieces_of(self, ids: npt.NDArray[np.int64], window_keys: npt.NDArray[np.int64],
                    rows: npt.NDArray[np.int64]
@@ -487,7 +685,17 @@ class PackedRows:
             docs = Feistel(self._documents, epoch_seed(self.seed, epoch)).strided(first, count)
         else:
             docs = np.arange(first, first + count, dtype=np.int64)
-        lengths = self._docs.lengths(docs)
+        direct = self._direct()
+        if direct is None:
+            lengths = self._docs.lengths(docs)
+        else:  # where each document lies too, for read_collated (the same plan lengths runs)
+            located, offsets, bad, code, shard = self._docs._ds._plan_documents(
+                docs, self._docs._max_len or 0)
+            if bad >= 0:
+                raise IndexError(f"document {int(docs[bad])} is out of range for "
+                                 f"{self._documents}")
+            self._docs._ds._check(code, shard)
+            lengths = np.diff(offsets)
         local, start, size, stats = pk.make_pieces(lengths, self.seq_len,
                                                    pk.POLICIES[self.policy])
         row_of, rows = pk.best_fit_decreasing(size, self.seq_len)
@@ -502,7 +710,12 @@ class PackedRows:
         order, offsets = pk.reorder_rows(row_of, rows, rank)
         all_stats = np.array([count, rows, stats[3], stats[0], stats[1], stats[2],
                               local.shape[0]], np.int64)
-        return _Window(docs[local[order]], start[order], size[order], offsets, all_stats)
+        local = local[order]
+        start = start[order]
+        if direct is None:
+            return _Window(docs[local], start, size[order], offsets, all_stats)
+        return _Window(docs[local], start, size[order], offsets, all_stats,
+                       located[local, _SHARD], located[local, _START] + start)
 
     # -- the row order of an epoch (PackedPlan's arithmetic) ----------------------
 

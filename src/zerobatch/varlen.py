@@ -80,8 +80,8 @@ from zerobatch._column_hints import COLUMN_HINTS, missing_column
 from zerobatch.columnar import Jagged
 
 __all__ = ["COLUMN_HINTS", "IGNORE_INDEX", "LABEL_MODES", "OUTPUTS", "Columns",
-           "flat_cu_seqlens", "missing_column", "row_columns", "segment_layout", "to_output",
-           "varlen_columns"]
+           "flat_cu_seqlens", "missing_column", "row_columns", "segment_layout",
+           "static_cu_seqlens", "to_output", "varlen_columns"]
 
 IGNORE_INDEX = -100
 """The label of a token that takes no loss (PyTorch's ``CrossEntropyLoss`` default)."""
@@ -244,13 +244,7 @@ def varlen_columns(
         raise ValueError(f"{rows} rows of {seq_len} tokens overflow int32 cu_seqlens")
     cu = cu[:count + 1]
     if cu_seqlens_size is not None:
-        if cu.shape[0] > cu_seqlens_size:
-            raise ValueError(f"the batch has {cu.shape[0] - 1} segments, more than "
-                             f"cu_seqlens_size={cu_seqlens_size} allows ({cu_seqlens_size - 1}); "
-                             "raise cu_seqlens_size (at most batch_size * seq_len + 1)")
-        padded = np.full(cu_seqlens_size, cu[-1], np.int32)
-        padded[:cu.shape[0]] = cu
-        cu = padded
+        cu = static_cu_seqlens(cu, cu_seqlens_size)
     out: dict[str, Any] = {"input_ids": ids}
     if labels is not None:
         out["labels"] = wide[0]
@@ -264,6 +258,18 @@ def varlen_columns(
     if attention_mask:
         out["attention_mask"] = attention
     return out
+
+def static_cu_seqlens(cu: npt.NDArray[np.int32], size: int) -> npt.NDArray[np.int32]:
+    """``cu`` padded to the static length ``size`` by repeating its last value
+    (empty segments); ValueError when it has more than ``size - 1`` segments."""
+    if cu.shape[0] > size:
+        raise ValueError(f"the batch has {cu.shape[0] - 1} segments, more than "
+                         f"cu_seqlens_size={size} allows ({size - 1}); "
+                         "raise cu_seqlens_size (at most batch_size * seq_len + 1)")
+    padded = np.full(size, cu[-1], np.int32)
+    padded[:cu.shape[0]] = cu
+    return padded
+
 
 _JAX_ONLY = ("segment_ids", "positions")
 _NOT_JAX = ("position_ids", "cu_seqlens", "max_seqlen", "seq_idx")
