@@ -127,8 +127,13 @@ def test_hostile_files(folders, tmp_path):
     ends[3] = ends[-1] + 5  # past the end, the last entry intact
     index.write_bytes(ends.tobytes())
     with open_dataset(folder) as ds:
+        assert ds.documents().read([0])["input_ids"].lengths[0] == ends[0]  # sound: read
+        with pytest.raises(FormatError, match="ends") as error:  # what a read reaches is checked
+            ds.documents().read([3])
+        assert error.value.path.endswith(".ds.index")
         with pytest.raises(FormatError, match="ends"):
-            ds.documents().read([0])
+            ds.windows(4, document_masking=True).read(np.arange(int(ends[2]) // 4,
+                                                                int(ends[2]) // 4 + 3))
         assert [p.field for p in ds.verify()] == ["ends"]
     index.write_bytes(raw)
     loss.write_bytes(loss.read_bytes()[:-1])
@@ -193,7 +198,9 @@ def test_any_documents_read_as_written(tmp_path_factory, lengths, size, seq_len,
             check_against(ds, tokens, documents, seq_len=seq_len, stride=stride)
         else:
             assert len(ds.windows(seq_len)) == 0
-        assert ds.num_documents == sum(1 for d in documents if len(d))
+        assert ds.num_documents == len(documents)  # empty documents keep their ids
+        lengths = ds.documents().lengths(np.arange(len(documents)))
+        np.testing.assert_array_equal(lengths, [len(d) for d in documents])
 
 
 def test_copy_to_a_native_dataset(folders, tmp_path):

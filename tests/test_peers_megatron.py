@@ -18,10 +18,11 @@ from zerobatch.peers.megatron import HEADER_SIZE
 
 
 def _write(prefix, dtype, rng, documents, vocab):
-    """A pair by megatron-core's builder: each document one to three sequences."""
+    """A pair by megatron-core's builder: each document one to three sequences,
+    some of zero tokens; about one document in twelve is empty (no sequence)."""
     builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
     for _ in range(documents):
-        for _ in range(int(rng.integers(1, 4))):
+        for _ in range(int(rng.integers(1, 4)) if rng.random() > 0.08 else 0):
             length = int(rng.integers(0 if rng.random() < 0.05 else 1, 40))
             builder.add_item(torch.from_numpy(rng.integers(0, vocab, length).astype(np.int64)))
         builder.end_document()
@@ -143,24 +144,32 @@ def test_truncated_and_mismatched_files(corpora, tmp_path):
 
 def test_crafted_tables_raise_on_first_document_read(corpora, tmp_path):
     folder, idx, _ = _copy(corpora, tmp_path)
-    raw = bytearray(idx.read_bytes())
+    original = idx.read_bytes()
+    raw = bytearray(original)
     sequences = struct.unpack_from("<Q", raw, 18)[0]
     indices_at = HEADER_SIZE + 12 * sequences
     struct.pack_into("<q", raw, indices_at + 8 * 2, sequences + 5)  # past the sequences
     idx.write_bytes(bytes(raw))
     with open_dataset(folder) as ds:
         ds.windows(4, columns=["input_ids"]).read([0])  # tokens alone need no offsets
+        ds.documents().read([0])  # reads check the entries they reach, no more
+        windows = ds.windows(4, document_masking=True)
+        with pytest.raises(FormatError, match="document_indices") as error:
+            windows.read(np.arange(len(windows)))
+        assert error.value.path.endswith(".idx")
         with pytest.raises(FormatError, match="document_indices"):
-            ds.windows(4, document_masking=True).read([0])
-        with pytest.raises(FormatError, match="document_indices"):
-            ds.documents().read([0])
+            ds.documents().read([2])
         assert [p.field for p in ds.verify()] == ["document_indices"]
-    raw = bytearray(idx.read_bytes())
-    struct.pack_into("<q", raw, indices_at + 8 * 2, 2)
-    struct.pack_into("<q", raw, HEADER_SIZE + 4 * sequences + 8 * 3, 1)  # a pointer moved
+    raw = bytearray(original)
+    starts = np.frombuffer(original, "<i8", offset=indices_at)
+    start = int(starts[np.flatnonzero((starts > 0) & (starts < sequences))[0]])
+    at = HEADER_SIZE + 4 * sequences + 8 * start
+    struct.pack_into("<q", raw, at, struct.unpack_from("<q", raw, at)[0] + 1)  # half a token
     idx.write_bytes(bytes(raw))
-    with open_dataset(folder) as ds, pytest.raises(FormatError, match="pointers"):
-        ds.documents().read([1])
+    with open_dataset(folder) as ds:
+        with pytest.raises(FormatError, match="pointers"):
+            ds.documents().read(np.arange(ds.num_documents))
+        assert [p.field for p in ds.verify()] == ["pointers"]
 
 
 def test_multimodal_inferred_from_the_size(tmp_path):
@@ -188,3 +197,56 @@ def test_from_s3_by_folder_and_prefix(corpora, s3):
     with open_dataset(prefixes[1]) as local, \
             open_dataset(f"{url}/{prefixes[1].name}", storage_options=options) as remote:
         check_same(local, remote)
+
+
+def test_remote_reads_fetch_only_the_index_entries_they_need(tmp_path, s3, s3_proxy):
+    """Over object storage, a batch reads the .idx entries it needs by range:
+    opening and a batch of 4 windows with document columns, then 4 documents,
+    fetch a few 1 KiB blocks of a 190 KB .idx, never the whole file."""
+    folder = tmp_path / "big"
+    folder.mkdir()
+    rng = np.random.default_rng(11)
+    _write(folder / "corpus", np.uint16, rng, 6_000, 50_000)
+    url = upload(folder, s3)
+    size = (folder / "corpus.idx").stat().st_size
+    options = {**s3.storage_options(s3_proxy.endpoint), "block_size": 1024,
+               "coalesce": 0}  # each block its own GET: the bytes counted are the blocks read
+    s3_proxy.reset_counts()
+    with open_dataset(folder) as local, open_dataset(url, storage_options=options) as remote:
+        windows = local.windows(64, columns="all")
+        order = rng.permutation(len(windows))[:4]
+        a, b = windows.read(order), remote.windows(64, columns="all").read(order)
+        for name in ("input_ids", "position_ids", "seq_idx"):
+            np.testing.assert_array_equal(a[name], b[name])
+        for name in ("cu_seqlens", "doc_ids"):
+            np.testing.assert_array_equal(a[name].values, b[name].values)
+            np.testing.assert_array_equal(a[name].offsets, b[name].offsets)
+        docs = rng.integers(0, local.num_documents, 4)
+        for x, y in zip(local.documents().read(docs)["input_ids"],
+                        remote.documents().read(docs)["input_ids"], strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    fetched = 0
+    for method, path, ranged in s3_proxy.requests:
+        if method == "GET" and path.endswith("corpus.idx"):
+            assert ranged is not None  # never the whole object
+            first, last = ranged.split("=")[1].split("-")
+            fetched += int(last) - int(first) + 1
+    assert 0 < fetched < size / 4
+
+
+def test_empty_documents_keep_the_peer_ids_and_copy_skips_them(corpora, tmp_path):
+    from zerobatch.peers import copy_to_stream
+
+    folder, prefixes = corpora["u16"]
+    _, documents = _megatron(prefixes)
+    empty = [d for d, tokens in enumerate(documents) if not len(tokens)]
+    assert empty  # the corpus has empty documents (a sequence of zero tokens alone)
+    with open_dataset(folder) as peer:
+        assert peer.documents().lengths(np.array(empty)).tolist() == [0] * len(empty)
+        count = copy_to_stream(peer, tmp_path / "native")
+    with open_dataset(tmp_path / "native") as native:
+        assert count == native.num_documents == len(documents) - len(empty)
+        kept = [d for d in documents if len(d)]
+        got = native.documents().read(np.arange(count))["input_ids"]
+        for x, want in zip(got, kept, strict=True):
+            np.testing.assert_array_equal(np.asarray(x), want.astype(np.int64))

@@ -14,14 +14,14 @@ from zerobatch import Loader
 def check_against(ds, tokens: np.ndarray, documents: list[np.ndarray], *, seq_len: int = 7,
                   stride: int | None = None) -> None:
     """Every window, label, position and document of ``ds`` equals what the
-    peer's reader gives (``tokens``: every token in order; ``documents``,
-    of which those of zero tokens are not observations)."""
-    documents = [d for d in documents if len(d)]
+    peer's reader gives (``tokens``: every token in order; ``documents``: the
+    peer's documents in its order, empty ones too, which keep their ids)."""
     assert ds.num_tokens == tokens.shape[0]
     assert ds.num_documents == len(documents)
     starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])
     assert starts[-1] == tokens.shape[0]
-    windows = ds.windows(seq_len, stride=stride, document_masking=True)
+    windows = ds.windows(seq_len, stride=stride, document_masking=True,
+                         columns=["input_ids", "labels", "position_ids", "doc_ids"])
     step = stride or seq_len
     assert len(windows) == (tokens.shape[0] - seq_len - 1) // step + 1
     order = np.random.default_rng(0).permutation(len(windows))
@@ -32,6 +32,8 @@ def check_against(ds, tokens: np.ndarray, documents: list[np.ndarray], *, seq_le
     doc_of = np.searchsorted(starts, at, side="right") - 1
     expected = np.minimum(at - starts[doc_of], at - order[:, None] * step)
     np.testing.assert_array_equal(batch["position_ids"], expected)
+    for row, ids in zip(doc_of, batch["doc_ids"], strict=True):  # the peer's ids (empty: never)
+        np.testing.assert_array_equal(np.asarray(ids), np.unique(row))
     stored = ds.windows(seq_len, stride=stride, dtype="stored").read(order[:3])
     assert stored["input_ids"].dtype == tokens.dtype
     docs = ds.documents().read(np.arange(len(documents))[::-1])

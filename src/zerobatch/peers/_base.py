@@ -6,28 +6,38 @@ headerless little-endian array per shard, at a byte ``base`` of a file) and
 per-shard document offsets. ``PeerDataset`` is a ``stream.Dataset`` over
 those: windows, documents, the Loader, the plan, torch, JAX and the service
 work on it unchanged. Opening reads headers and sizes only (O(files) small
-reads); document offsets are derived from the format's own table on the
-first read that needs them, once (``PeerIndex``).
+reads). Reads look up the document offsets they need in the format's own
+boundary table (``PeerFiles.locate``, ``PeerFiles.offsets``; mapped locally,
+by range over object storage: ``_lookup``), never a whole table per
+process; only a format whose boundaries need a pass (OLMo's EOS scan or
+csv.gz) derives them whole, once (``PeerFiles.docs``).
+
+Document ids are the peer's own: a document of zero tokens (an empty
+Megatron document, an empty Arrow row) is a document, ``documents()``
+returns it as an empty row, and windows read past it as if it were not there.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from zerobatch._text import format_table
 from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
+from zerobatch.peers._index import PeerIndex
+from zerobatch.peers._lookup import Lookup
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
 from zerobatch.stream._kernels import SHARD
-from zerobatch.stream.index import MappedIndex, ShardError
 from zerobatch.stream.manifest import OFFSET_DTYPE, TOKENS, Manifest, Shard
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows
 from zerobatch.stream.verify import Problem
@@ -121,10 +131,19 @@ class PeerFiles(ABC):
     ``base`` (MDS: one piece per sample); such a format reads them itself
     (``read_scattered``)."""
 
+    boundary_field: str = "offsets"
+    """The field of the boundary file that a bad document offset names."""
+    counted: bool = True
+    """Whether every shard's ``documents`` is known from opening (OLMo's are not:
+    its boundaries need a pass, made once by ``docs`` on first use)."""
+
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         self.location = location
         self.options = options
         self.fields = {}
+        self.lookup = Lookup(location.storage)
+        self._whole_tables: dict[int, np.ndarray] = {}
+        self._whole_lock = threading.Lock()
 
     @property
     def storage(self) -> Storage:
@@ -149,6 +168,31 @@ class PeerFiles(ABC):
             raise FormatError(message or "unsound",
                               path=self.path(self.shards[shard].boundary), field=field)
         return offsets
+
+    def whole(self, shard: int) -> np.ndarray:
+        """Shard ``shard``'s ``docs``, derived once and kept (for formats that
+        have no table to look entries up in)."""
+        with self._whole_lock:
+            table = self._whole_tables.get(shard)
+            if table is None:
+                table = np.ascontiguousarray(self.docs(shard), OFFSET_DTYPE)
+                table.setflags(write=False)
+                self._whole_tables[shard] = table
+            return table
+
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Per record of shard ``shard`` (each below its records), the document
+        holding it: the last one whose offset is at or below it. This default
+        searches ``whole``; a format with a boundary table searches it in place."""
+        found = np.searchsorted(self.whole(shard), records.astype(np.uint64), side="right")
+        return found.astype(np.int64) - 1
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """Shard ``shard``'s document offsets (tokens) at ``ids`` (each in ``[0,
+        documents]``); ``FormatError`` naming the file and field when an entry
+        read is unsound. This default reads ``whole``; a format with a boundary
+        table reads only those entries."""
+        return self.whole(shard)[ids]
 
     def problems(self) -> list[Problem]:
         """Everything wrong with the files, in one pass over them (no tokens are
@@ -183,41 +227,6 @@ class PeerFiles(ABC):
                 "shards": [[s.tokens, s.base, s.records, s.documents] for s in self.shards]}
 
 
-class PeerIndex(MappedIndex):
-    """Document offsets derived from a peer format's table (``PeerFiles.docs``),
-    built for every shard on first use and kept; no metadata.
-
-    Documents of zero tokens (an empty Megatron document, an empty Hugging Face
-    row) are dropped when the tables are built: the read kernels need offsets
-    that rise. Document ids count the non-empty documents, so the number of
-    documents is known once the tables are built (``doc_starts``)."""
-
-    def __init__(self, manifest: Manifest, storage: Storage, error: ShardError,
-                 docs: Callable[[int], np.ndarray]) -> None:
-        super().__init__(manifest, storage, error)
-        self._docs_of = docs
-        self._counted = False
-
-    def load_docs(self) -> list[np.ndarray]:
-        tables = []
-        for i in range(len(self._manifest.shards)):
-            table = np.ascontiguousarray(self._docs_of(i), OFFSET_DTYPE)
-            rising = table[1:] > table[:-1]  # formats whose kernel drops them pass all True
-            if not rising.all():
-                table = np.concatenate([table[:1], table[1:][rising]])
-            table.setflags(write=False)
-            tables.append(table)
-        counts = [t.shape[0] - 1 for t in tables]
-        self._doc_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._counted = True
-        return tables
-
-    def doc_starts(self) -> np.ndarray:
-        if not self._counted:
-            self.docs_tables()
-        return self._doc_starts
-
-
 def _manifest(files: PeerFiles) -> Manifest:
     shards = tuple(Shard(f"{i:05d}", s.records, s.documents, None, {})
                    for i, s in enumerate(files.shards))
@@ -246,10 +255,8 @@ class PeerDataset(Dataset):
         """Windows as ``Dataset.windows``; each per-token field of the format
         (``fields``) is a ``[B, seq_len]`` column aligned with ``input_ids``
         (one of the default columns)."""
-        if not self._field_sets:
-            return super().windows(seq_len, stride=stride, labels=labels, dtype=dtype,
-                                   columns=columns, document_masking=document_masking)
-        return _FieldWindows(self, seq_len, stride=stride, labels=labels, dtype=dtype,
+        kind = _FieldWindows if self._field_sets else _PeerWindows
+        return kind(self, seq_len, stride=stride, labels=labels, dtype=dtype,
                              columns=columns, document_masking=document_masking)
 
     def documents(self, *, max_len: int | None = None, dtype: Any = "int64") -> Documents:
@@ -275,7 +282,7 @@ class PeerDataset(Dataset):
         return _reopen, (type(self._files), self._files.location, self._files.options)
 
     def _make_index(self) -> PeerIndex:
-        return PeerIndex(self._manifest, self._storage, self._shard_error, self._files.docs)
+        return PeerIndex(self._files, self._shard_error)
 
     def _token_file(self, shard: int) -> str:
         return self._files.shards[shard].tokens
@@ -293,12 +300,14 @@ class PeerDataset(Dataset):
     def _shard_error(self, shard: int, suffix: str, field: str, message: str) -> FormatError:
         entry = self._files.shards[shard]
         name = entry.tokens if suffix == TOKENS else entry.boundary
+        if suffix != TOKENS and field == "offsets":
+            field = self._files.boundary_field
         return FormatError(message, path=self._files.path(name), field=field)
 
     @property
     def num_documents(self) -> int:
-        """Documents of at least one token in all files (the first call builds
-        the document offsets: one pass over the format's boundary table)."""
+        """Documents in all files, as the format counts them (empty ones too):
+        from the headers, except OLMo's, counted on first use."""
         return int(self._index.doc_starts()[-1])
 
     @property
@@ -379,15 +388,36 @@ class _FieldFiles(PeerFiles):
         self.shards = tuple(PeerShard(file, 0, s.records, s.documents, s.boundary)
                             for s, file in zip(parent.shards, names, strict=True))
         self._parent = parent
+        self.counted = parent.counted
 
     def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         return self._parent._documents(shard)
+
+    def whole(self, shard: int) -> np.ndarray:
+        return self._parent.whole(shard)
+
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return self._parent.locate(shard, records)
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        return self._parent.offsets(shard, ids)
 
     def problems(self) -> list[Problem]:
         return []  # the parent reports its tables
 
 
-class _FieldWindows(TokenWindows):
+class _PeerWindows(TokenWindows):
+    """``TokenWindows`` whose document columns go through the peer index:
+    local reads of those columns skip the direct kernel, which takes every
+    shard's offsets whole."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._want_segments:
+            self._direct = False
+
+
+class _FieldWindows(_PeerWindows):
     """``TokenWindows`` plus the dataset's per-token field columns."""
 
     _ds: PeerDataset

@@ -27,7 +27,9 @@ def copy_to_stream(
 ) -> int:
     """Copy the opened peer dataset ``ds`` (``zerobatch.open_dataset``) into a
     new token-stream dataset at ``output`` (a folder or URL); returns the
-    documents written. ``batch_documents`` documents are read per step
+    documents written: every document of at least one token (native datasets
+    hold no empty documents, so ids after an empty peer document shift down
+    by one). ``batch_documents`` documents are read per step
     (memory: their tokens). Raises ``ValueError`` naming the document when a
     token id is negative or does not fit 32 bits (the native formats hold
     ``<u2`` and ``<u4``)."""
@@ -35,7 +37,7 @@ def copy_to_stream(
     limit = np.iinfo(np.dtype(dtype)).max
     fields = {name: ds.files.fields[name][0] for name in ds.fields}
     documents = ds.documents(dtype="stored")
-    count = len(documents)
+    count, written = len(documents), 0
     with StreamWriter(output, token_dtype=dtype, fields=fields or None) as writer:
         for first in range(0, count, batch_documents):
             ids = np.arange(first, min(first + batch_documents, count))
@@ -48,7 +50,8 @@ def copy_to_stream(
                     (values < 0) | (values > limit))[0]), side="right")) - 1
                 raise ValueError(f"{ds.path}: document {int(ids[bad])} holds a token id "
                                  f"outside 0..{limit}; it cannot be stored as {dtype}")
-            for row in range(ids.shape[0]):
+            for row in np.flatnonzero(tokens.lengths).tolist():
                 writer.add_document(tokens[row], fields={
                     name: batch[name][row] for name in fields} or None)
-    return count
+                written += 1
+    return written

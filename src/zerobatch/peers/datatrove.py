@@ -24,11 +24,11 @@ What opening checks (O(1) per file: sizes and the index's last entry): every
 ``.ds`` has its ``.ds.index``; the index is a whole number of ``<u8``; the
 ``.ds`` is a whole number of tokens and its tokens equal the last document end;
 a ``.ds.loss``, when any file has one, exists for every file with one byte
-per token. The whole index (non-decreasing ends) is checked once, on the first
-read that needs document offsets, and by ``verify``, which also checks that
-the loss bytes are 0 or 1. Files are one logical token array, in name order
-(datatrove's listing order). Unlike datatrove's reader, windows cross files
-and keep every token.
+per token. Reads search the index and read the ends they need (by range over
+object storage); the whole index (non-decreasing ends) is checked by
+``verify``, which also checks that the loss bytes are 0 or 1. Files are one
+logical token array, in name order (datatrove's listing order). Unlike
+datatrove's reader, windows cross files and keep every token.
 """
 
 from __future__ import annotations
@@ -37,9 +37,11 @@ import struct
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
+from zerobatch.peers._lookup import Column
 from zerobatch.stream.verify import Problem
 
 __all__ = ["INDEX", "LOSS", "METADATA", "SUFFIX", "TOKEN_DTYPES", "DatatroveFiles", "detect"]
@@ -63,6 +65,7 @@ class DatatroveFiles(PeerFiles):
     Options: ``token_size`` (2 or 4; default: from the metadata or the sizes)."""
 
     format = "datatrove"
+    boundary_field = "ends"
 
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         super().__init__(location, options)
@@ -156,6 +159,20 @@ class DatatroveFiles(PeerFiles):
             raise FormatError(f"expected a first line '<tokenizer>|<2 or 4>', found "
                               f"{first[:80]!r}", path=self.path(name), field="token_size")
         return int(value)
+
+    def _column(self, shard: int) -> Column:
+        entry = self.shards[shard]
+        return Column(entry.boundary, 0, entry.documents, np.dtype("<u8"), 0, entry.records)
+
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        # the document holding record r: how many documents end at or before it
+        return self.lookup.search(self._column(shard), records)
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        out = np.zeros(ids.shape[0], np.uint64)  # document 0 starts at 0, d at end d - 1
+        later = ids > 0
+        out[later] = self.lookup.take(self._column(shard), ids[later] - 1)
+        return out
 
     def _ends(self, shard: int) -> np.ndarray:
         raw = self.storage.map(self.shards[shard].boundary)

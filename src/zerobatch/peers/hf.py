@@ -30,10 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets
+from zerobatch.peers._lookup import Column
 
 __all__ = ["ARROW", "STATE", "HFFiles", "detect"]
 
@@ -99,8 +101,10 @@ class HFFiles(PeerFiles):
                               "download the folder, or convert it to a zerobatch dataset",
                               path=location.root, field="location")
         self._column = options.get("column", "input_ids")
+        self.boundary_field = self._column
         shards: list[PeerShard] = []
         self._offsets: list[tuple[int, int, np.dtype]] = []  # (byte, rows, dtype) per batch
+        self._firsts: list[int] = []  # each batch's first list offset
         dtypes = set()
         for name in _arrow_files(location):
             dtype = self._walk(name, shards)
@@ -174,6 +178,25 @@ class HFFiles(PeerFiles):
                               path=path, field=field)
         shards.append(PeerShard(name, start, tokens, rows, name))
         self._offsets.append((at, rows, np.dtype(f"<i{width}")))
+        self._firsts.append(first)
+
+    def _list_offsets(self, shard: int) -> Column:
+        at, rows, dtype = self._offsets[shard]
+        first = self._firsts[shard]
+        return Column(self.shards[shard].tokens, at, rows + 1, dtype, first,
+                      first + self.shards[shard].records)
+
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        return self.lookup.search(self._list_offsets(shard), records + self._firsts[shard]) - 1
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        found = self.lookup.take(self._list_offsets(shard), ids).astype(np.int64)
+        found -= self._firsts[shard]
+        bad = np.flatnonzero(found < 0)
+        if bad.size:
+            raise FormatError(f"row {int(ids[bad[0]])} starts before the batch's first row",
+                              path=self.path(self.shards[shard].tokens), field=self._column)
+        return found.astype(np.uint64)
 
     def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         at, rows, dtype = self._offsets[shard]

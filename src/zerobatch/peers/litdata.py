@@ -20,11 +20,12 @@ Token dtype codes: LitData's torch codes (11 u1, 12 i1, 13/14 i2, 15/16 i4,
 What opening checks (``index.json`` and every chunk's size, no chunk byte):
 the config names ``TokensLoader``, one integer token format, no compression
 and no encryption; every chunk's name is a plain file of the folder whose
-size is exactly ``4 * (n + 2) + dim * itemsize``. The item offsets (first the
-header size, rising, last the file size) are checked once, on the first read
-that needs documents, and by ``verify``. Chunks are one logical token array
-in ``index.json``'s order; unlike LitData's loader, windows cross chunks and
-no chunk tail is dropped.
+size is exactly ``4 * (n + 2) + dim * itemsize`` (under 4 GiB). Reads search
+the item offsets and read the ones they need (by range over object storage),
+each checked to be a whole token past the header; the whole table (first the
+header size, non-decreasing, last the file size) is checked by ``verify``.
+Chunks are one logical token array in ``index.json``'s order; unlike
+LitData's loader, windows cross chunks and no chunk tail is dropped.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
+from zerobatch.peers._lookup import Column
 
 __all__ = ["INDEX", "NUMPY_CODES", "TORCH_CODES", "LitDataFiles", "detect"]
 
@@ -143,8 +146,31 @@ class LitDataFiles(PeerFiles):
                                   f"({header + dim * self.dtype.itemsize} bytes), the file "
                                   f"has {size}; truncated or not fully written?",
                                   path=self.path(name), field="bytes")
+            if size >= 1 << 32:
+                raise FormatError(f"{size} bytes: LitData's <u4 item offsets cannot address "
+                                  "past 4 GiB", path=self.path(name), field="offsets")
             shards.append(PeerShard(name, header, dim, items, name))
         self.shards = tuple(shards)
+
+    def _column(self, shard: int) -> Column:
+        entry = self.shards[shard]
+        end = entry.base + entry.records * self.dtype.itemsize
+        return Column(entry.tokens, 4, entry.documents + 1, np.dtype("<u4"), entry.base, end)
+
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        byte = self.shards[shard].base + records * self.dtype.itemsize
+        return self.lookup.search(self._column(shard), byte) - 1
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        entry, itemsize = self.shards[shard], self.dtype.itemsize
+        found = self.lookup.take(self._column(shard), ids).astype(np.int64) - entry.base
+        bad = np.flatnonzero((found < 0) | (found % itemsize != 0))
+        if bad.size:
+            raise FormatError(f"item {int(ids[bad[0]])} starts at byte "
+                              f"{int(found[bad[0]]) + entry.base}, not at a whole "
+                              f"{itemsize}-byte token after the header", path=self.path(
+                                  entry.tokens), field="offsets")
+        return (found // itemsize).astype(np.uint64)
 
     def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         entry = self.shards[shard]

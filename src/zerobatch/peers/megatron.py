@@ -27,11 +27,17 @@ version and dtype code; the ``.idx`` size is exactly the header plus the
 tables (``multimodal`` is inferred from it: there is no flag; pass
 ``multimodal=`` to insist); ``D >= 1``; ``.bin`` is a whole number of tokens;
 the first pointer is 0, the last pointer plus the last length is the
-``.bin`` size, and ``document_indices`` runs from 0 to S. On the first read
-that needs document offsets (positions, ``cu_seqlens``, documents), the whole
-tables are checked once: lengths non-negative, each pointer the previous one
-plus its length, document indices non-decreasing. A folder of several pairs
-is one logical token array, in name order.
+``.bin`` size, and ``document_indices`` runs from 0 to S. A read that needs
+document offsets (positions, ``cu_seqlens``, documents) searches
+``pointers`` for the sequence holding a token and ``document_indices`` for
+its document, and reads the entries of the documents it touches (mapped, or
+by range over object storage): O(log S) per lookup, never the whole tables.
+Each entry read is checked (a document index inside 0 to S, a pointer a
+whole token inside the ``.bin``); ``verify`` checks the whole tables:
+lengths non-negative, each pointer the previous one plus its length,
+document indices non-decreasing. Document ``d`` is the peer's document
+``d``, empty or not. A folder of several pairs is one logical token array,
+in name order.
 """
 
 from __future__ import annotations
@@ -41,10 +47,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
 from zerobatch.peers._kernels import BAD_INDICES, BAD_LENGTH, BAD_POINTER, megatron_offsets
+from zerobatch.peers._lookup import Column
 
 __all__ = ["DTYPE_CODES", "HEADER_SIZE", "MAGIC", "VERSION", "MegatronFiles", "detect"]
 
@@ -90,6 +98,7 @@ class MegatronFiles(PeerFiles):
     insists on it)."""
 
     format = "megatron"
+    boundary_field = "document_indices"
 
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         super().__init__(location, options)
@@ -171,6 +180,45 @@ class MegatronFiles(PeerFiles):
                               "truncated", path=self.path(bin_), field="bytes")
         shard = PeerShard(bin_, 0, bin_size // dtype.itemsize, count - 1, idx)
         return dtype, shard, (sequences, count, multimodal)
+
+    def _columns(self, shard: int) -> tuple[Column, Column]:
+        """Shard ``shard``'s ``pointers`` and ``document_indices`` columns."""
+        sequences, count, _ = self._heads[shard]
+        entry = self.shards[shard]
+        at = HEADER_SIZE + 4 * sequences
+        pointers = Column(entry.boundary, at, sequences, np.dtype("<i8"), 0,
+                          entry.records * self.dtype.itemsize)
+        indices = Column(entry.boundary, at + 8 * sequences, count, np.dtype("<i8"), 0,
+                         sequences)
+        return pointers, indices
+
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        # the last sequence starting at or before the record, then the last
+        # document starting at or before that sequence
+        pointers, indices = self._columns(shard)
+        sequence = self.lookup.search(pointers, records * self.dtype.itemsize) - 1
+        return self.lookup.search(indices, sequence) - 1
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        pointers, indices = self._columns(shard)
+        entry, itemsize, sequences = self.shards[shard], self.dtype.itemsize, pointers.count
+        path = self.path(entry.boundary)
+        first = self.lookup.take(indices, ids)
+        bad = np.flatnonzero((first < 0) | (first > sequences))
+        if bad.size:
+            raise FormatError(f"document {int(ids[bad[0]])} starts at sequence "
+                              f"{int(first[bad[0]])}, outside 0 to {sequences}", path=path,
+                              field="document_indices")
+        inside = first < sequences
+        byte = np.full(ids.shape[0], entry.records * itemsize, np.int64)
+        byte[inside] = self.lookup.take(pointers, first[inside])
+        bad = np.flatnonzero((byte < 0) | (byte % itemsize != 0)
+                             | (byte > entry.records * itemsize))
+        if bad.size:
+            raise FormatError(f"sequence {int(first[bad[0]])} starts at byte "
+                              f"{int(byte[bad[0]])}, not a whole {itemsize}-byte token "
+                              f"inside the .bin", path=path, field="pointers")
+        return (byte // itemsize).astype(np.uint64)
 
     def _tables(self, shard: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Shard ``shard``'s lengths, pointers and document indices (mapped)."""

@@ -50,6 +50,8 @@ class OlmoFiles(PeerFiles):
     Options: ``dtype`` (required), ``eos_id`` (where no ``.csv.gz`` is)."""
 
     format = "olmo"
+    boundary_field = "documents"
+    counted = False  # documents come from a pass (EOS scan or csv.gz), made on first use
 
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         super().__init__(location, options)
