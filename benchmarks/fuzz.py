@@ -535,6 +535,8 @@ def _read_peer(format: str) -> Callable[[Path, Files], None]:
             try:
                 windows = ds.windows(4)
                 windows.read(np.arange(len(windows)))
+                masked = ds.windows(3, document_masking=True)  # offsets looked up per batch
+                masked.read(np.arange(len(masked)))
                 ds.documents().read(np.arange(ds.num_documents))
             except FormatError as error:
                 if not ds.verify():

@@ -11,7 +11,8 @@ written by each peer's own writer: Megatron (megatron-core's
    batch (imports excluded, printed apart), and the peak RSS the process
    added over that span (``VmHWM`` after minus ``VmRSS`` before, the peak reset
    through ``/proc/self/clear_refs`` first). zerobatch:
-   ``open_dataset`` + ``Loader`` over ``windows(2048)`` + ``next``. Megatron:
+   ``open_dataset`` + ``Loader`` over ``windows(2048, document_masking=True)``
+   (positions and ``cu_seqlens``: document offsets looked up) + ``next``. Megatron:
    ``IndexedDataset`` + ``GPTDataset`` (building its document, sample and
    shuffle indices, in a fresh cache folder) + a ``DataLoader`` batch.
    datatrove: ``DatatroveFolderDataset`` + a shuffled ``DataLoader`` batch.
@@ -143,7 +144,8 @@ def first():
     open("/proc/self/clear_refs", "w").write("5")  # VmHWM restarts from VmRSS
     before = rss("VmRSS"); t = time.perf_counter()
     ds = open_dataset({str(path)!r})
-    source = ds.windows({SEQ}) if {fmt!r} != "docs" else ds.documents()
+    source = (ds.windows({SEQ}, document_masking=True) if {fmt!r} != "docs"
+              else ds.documents())
     batch = next(iter(Loader(source, {BATCH}, seed=1, output="numpy")))
     s = time.perf_counter() - t
     ds.close()
