@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "OK", "megatron_offsets"]
+__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "OK", "gather", "megatron_offsets",
+           "search_right"]
 
 OK, BAD_LENGTH, BAD_POINTER, BAD_INDICES = 0, 1, 2, 3
 
@@ -51,3 +52,32 @@ def megatron_offsets(
         out[count] = np.uint64(records)
         count += 1
     return out[:count], OK, 0
+
+
+@njit(nogil=True, cache=True)
+def search_right(table: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per value, how many entries of the sorted ``table`` are at or below it
+    (``np.searchsorted(side="right")``). Unlike NumPy's, it reads a table that
+    is not aligned (Megatron's ``.idx`` tables lie at odd offsets) in place,
+    touching O(log n) entries per value, where NumPy copies the whole table."""
+    out = np.empty(values.shape[0], np.int64)
+    for q in range(values.shape[0]):
+        lo, hi = 0, table.shape[0]
+        value = values[q]
+        while lo < hi:
+            middle = (lo + hi) >> 1
+            if table[middle] <= value:
+                lo = middle + 1
+            else:
+                hi = middle
+        out[q] = lo
+    return out
+
+
+@njit(nogil=True, cache=True)
+def gather(table: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``table[positions]``, read in place even when ``table`` is not aligned."""
+    out = np.empty(positions.shape[0], table.dtype)
+    for i in range(positions.shape[0]):
+        out[i] = table[positions[i]]
+    return out

@@ -7,8 +7,9 @@ A ``Column`` is ``count`` little-endian entries of one dtype at a byte of a
 file, non-decreasing when the file is sound. ``Lookup`` reads them through
 a storage:
 
-- local files: the file is mapped once; ``search`` is ``np.searchsorted`` on
-  the mapping (O(log entries) pages touched), ``take`` a gather;
+- local files: the file is mapped once; ``search`` is a binary search of
+  the mapping (O(log entries) pages touched), ``take`` a gather, both in
+  Numba kernels that read unaligned tables in place (NumPy would copy them);
 - object storage (``storage.blocks``, a ``BlockCache``): ``take`` fetches the
   blocks holding the entries asked for, all in one concurrent round;
   ``search`` narrows each query's range one block per round (interpolation
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch.peers._kernels import gather, search_right
 from zerobatch.storage import Storage
 
 __all__ = ["Column", "Lookup"]
@@ -77,7 +79,7 @@ class Lookup:
     def take(self, column: Column, positions: npt.NDArray[np.int64]) -> np.ndarray:
         """The entries at ``positions`` (each in ``[0, count)``)."""
         if self._blocks is None:
-            return self._view(column)[positions]
+            return gather(self._view(column), positions.astype(np.int64))
         if positions.size == 0:
             return np.zeros(0, column.dtype)
         size = column.dtype.itemsize
@@ -97,7 +99,7 @@ class Lookup:
         ``side="right"``, over the column)."""
         wanted = np.asarray(values).astype(column.dtype)
         if self._blocks is None:
-            return np.searchsorted(self._view(column), wanted, side="right").astype(np.int64)
+            return search_right(self._view(column), wanted)
         return self._search_ranged(column, wanted)
 
     def _search_ranged(self, column: Column, values: np.ndarray) -> npt.NDArray[np.int64]:
