@@ -546,7 +546,30 @@ def _read_peer(format: str) -> Callable[[Path, Files], None]:
     return read
 
 
+def _read_hf_ranged(folder: Path, files: Files) -> None:
+    """The HF reader that object storage gets (message headers walked by range,
+    ``peers.arrow_ipc``), run over the local files."""
+    from zerobatch.peers import PeerDataset
+    from zerobatch.peers._base import Location
+    from zerobatch.peers.hf import HFFiles
+    from zerobatch.storage import LocalStorage
+
+    storage = LocalStorage(folder)
+    location = Location(str(folder), storage, tuple(sorted(os.listdir(folder))), None)
+    with PeerDataset(HFFiles(location, {})) as ds:
+        try:
+            masked = ds.windows(3, document_masking=True)
+            masked.read(np.arange(len(masked)))
+            ds.documents().read(np.arange(ds.num_documents))
+        except FormatError as error:
+            if not ds.verify():
+                raise FalsePass(str(error)) from error
+            raise
+        ds.verify()
+
+
 for _target in (
+    Target("hf_ranged", _hf_seeds, _read_hf_ranged),
     Target("megatron", _megatron_seeds, _read_peer("megatron")),
     Target("datatrove", _datatrove_seeds, _read_peer("datatrove")),
     Target("litdata", _litdata_seeds, _read_peer("litdata")),

@@ -77,7 +77,9 @@ class PeerIndex:
 
     def _by_shard(self, shards: npt.NDArray[np.int64]) -> list[tuple[int, np.ndarray]]:
         """``(shard, positions)`` of each shard in ``shards``."""
-        if shards.size and (shards == shards[0]).all():
+        if not shards.size:
+            return []
+        if (shards == shards[0]).all():
             return [(int(shards[0]), np.arange(shards.shape[0]))]
         order = np.argsort(shards, kind="stable")
         cuts = np.flatnonzero(np.diff(shards[order])) + 1

@@ -19,9 +19,11 @@ no null values. Opening walks the record batches' headers through a memory
 map (O(record batches), about one per 1,000 rows as ``datasets`` writes
 them; no token is read) and reads two offsets per batch; the whole offsets
 are checked (non-decreasing) once, on the first read that needs them, and
-by ``verify``. A null row reads as an empty document. Local files only:
-an object-store prefix of Arrow files is refused (walking a stream's headers
-needs its bodies' lengths from each message in turn).
+by ``verify``. A null row reads as an empty document (a document of the
+peer's: ids are row numbers). Over object storage (``s3://``, ``gs://``,
+``az://``), opening walks the stream's message headers by range instead
+(``arrow_ipc``: no pyarrow, one small read per message and two per record
+batch, in turn: each message's place comes from the one before it).
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import numpy.typing as npt
 
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
-from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets
+from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
 from zerobatch.peers._lookup import Column
+from zerobatch.peers.arrow_ipc import read_batches
+from zerobatch.storage import join
 
 __all__ = ["ARROW", "STATE", "HFFiles", "detect"]
 
@@ -58,7 +62,8 @@ def _arrow_files(location: Location) -> list[str]:
         return [location.stem]
     names = set(location.names)
     if DICT in names:
-        splits = sorted(n for n in names if (Path(str(location.root)) / n).is_dir())
+        splits = sorted(n for n in names if isinstance(location.root, str)
+                        or (location.root / n).is_dir())
         raise FormatError(f"a DatasetDict: open one split's folder (one of {splits})",
                           path=location.root, field="splits")
     if STATE not in names:
@@ -67,10 +72,12 @@ def _arrow_files(location: Location) -> list[str]:
             raise FormatError("no state.json and no .arrow file here", path=location.root,
                               field="files")
         return found
-    path = Path(str(location.root)) / STATE
-    if path.stat().st_size > _MAX_STATE:
+    path = join(location.root, STATE)
+    size = int(location.storage.size(STATE))
+    if size > _MAX_STATE:
         raise FormatError(f"larger than {_MAX_STATE} bytes", path=path, field="state")
-    state = load_json(path.read_bytes(), path=path, field="state", max_bytes=_MAX_STATE)
+    state = load_json(read_at(location.storage, STATE, 0, size, path=path, field="state"),
+                      path=path, field="state", max_bytes=_MAX_STATE)
     try:
         files = [entry["filename"] for entry in state["_data_files"]]
     except (KeyError, TypeError) as error:
@@ -96,18 +103,15 @@ class HFFiles(PeerFiles):
         if unknown:
             raise TypeError(f"unknown Hugging Face option(s) {sorted(unknown)}; "
                             "the only one is column=")
-        if not isinstance(location.root, Path):
-            raise FormatError("Arrow files are read in place from local folders only; "
-                              "download the folder, or convert it to a zerobatch dataset",
-                              path=location.root, field="location")
         self._column = options.get("column", "input_ids")
         self.boundary_field = self._column
         shards: list[PeerShard] = []
         self._offsets: list[tuple[int, int, np.dtype]] = []  # (byte, rows, dtype) per batch
         self._firsts: list[int] = []  # each batch's first list offset
         dtypes = set()
+        walk = self._walk if isinstance(location.root, Path) else self._walk_ranged
         for name in _arrow_files(location):
-            dtype = self._walk(name, shards)
+            dtype = walk(name, shards)
             if dtype is not None:
                 dtypes.add(dtype)
         if len(dtypes) > 1:
@@ -147,6 +151,46 @@ class HFFiles(PeerFiles):
                 raise FormatError(f"not a readable Arrow IPC stream or file ({error}); "
                                   "truncated or not fully written?", path=path,
                                   field="arrow") from None
+        return dtype
+
+    def _walk_ranged(self, name: str, shards: list[PeerShard]) -> np.dtype:
+        """``_walk`` by range reads of the message headers (``arrow_ipc``): how
+        files on object storage are opened; two small reads per record batch."""
+        path, storage = self.path(name), self.storage
+        size = int(storage.size(name))
+        handle = storage.open(name)
+
+        def read(offset: int, count: int) -> bytes:
+            buffer = bytearray(max(0, min(count, size - offset)))
+            got = storage.readinto(handle, offset, buffer) if buffer else 0
+            return bytes(buffer[:got])
+
+        layout, batches = read_batches(read, size, self._column, path)
+        width, dtype = layout.width, layout.dtype
+        for i, batch in enumerate(batches):
+            field = f"{self._column}[batch {i}]"
+            if batch.rows == 0:
+                continue
+            if batch.rows < 0 or batch.offsets_bytes < (batch.rows + 1) * width:
+                raise FormatError(f"{batch.rows} rows need {(batch.rows + 1) * width} bytes of "
+                                  f"offsets, the buffer has {batch.offsets_bytes}", path=path,
+                                  field=field)
+            if batch.null_values:
+                raise FormatError("expected no null tokens", path=path, field=field)
+            kind = f"<i{width}"
+            first, = np.frombuffer(read_at(storage, name, batch.offsets_at, width, path=path,
+                                           field=field), kind)
+            last, = np.frombuffer(read_at(storage, name, batch.offsets_at + batch.rows * width,
+                                          width, path=path, field=field), kind)
+            tokens = int(last) - int(first)
+            if first < 0 or tokens < 0 or (int(first) + tokens) * dtype.itemsize > \
+                    batch.values_bytes:
+                raise FormatError(f"offsets {first} to {last} do not lie in the values buffer",
+                                  path=path, field=field)
+            start = batch.values_at + int(first) * dtype.itemsize
+            shards.append(PeerShard(name, start, tokens, batch.rows, name))
+            self._offsets.append((batch.offsets_at, batch.rows, np.dtype(kind)))
+            self._firsts.append(int(first))
         return dtype
 
     def _batch(self, name: str, array: Any, base: int, size: int, shards: list[PeerShard],
@@ -200,10 +244,13 @@ class HFFiles(PeerFiles):
 
     def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         at, rows, dtype = self._offsets[shard]
-        raw = self.storage.map(self.shards[shard].tokens)
-        table = raw[at:at + (rows + 1) * dtype.itemsize].view(dtype)
-        if table.shape[0] != rows + 1:
+        name = self.shards[shard].tokens
+        try:
+            raw = read_at(self.storage, name, at, (rows + 1) * dtype.itemsize,
+                          path=self.path(name), field=self._column)
+        except FormatError:
             return self._column, "the file changed size since it was opened", None
+        table = np.frombuffer(raw, dtype)
         offsets = table - table[0]
         message = checked_offsets(offsets, self.shards[shard].records,
                                   path=self.path(self.shards[shard].tokens), field=self._column)
