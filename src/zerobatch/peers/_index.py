@@ -19,7 +19,8 @@ offsets and id. ``plan_documents`` reads an empty document as an empty row.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -30,10 +31,31 @@ from zerobatch.stream.index import ShardError
 from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE
 from zerobatch.stream.ranged import IndexView
 
-if TYPE_CHECKING:
-    from zerobatch.peers._base import PeerFiles
+__all__ = ["Boundaries", "PeerIndex"]
 
-__all__ = ["PeerIndex"]
+
+class _Shard(Protocol):
+    @property
+    def records(self) -> int: ...
+
+    @property
+    def documents(self) -> int: ...
+
+
+class Boundaries(Protocol):
+    """What the index asks of a format (``peers._base.PeerFiles``)."""
+
+    @property
+    def shards(self) -> Sequence[_Shard]: ...
+
+    @property
+    def counted(self) -> bool: ...
+
+    def whole(self, shard: int) -> np.ndarray: ...
+
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]: ...
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
 
 
 def _readonly(dtype: np.dtype) -> np.ndarray:
@@ -50,7 +72,7 @@ class PeerIndex:
     module docstring); ``error`` builds the ``FormatError`` of a shard's
     file. Thread-safe."""
 
-    def __init__(self, files: PeerFiles, error: ShardError) -> None:
+    def __init__(self, files: Boundaries, error: ShardError) -> None:
         shards = files.shards
         self._files = files
         self._error = error
