@@ -520,3 +520,23 @@ def test_loader_reads_collated_without_a_transform(corpora, monkeypatch):
     assert len(seen) == len(slow) == len(direct) > 0
     for got, want in zip(direct, slow, strict=True):
         _same_columns(got, want)
+
+
+@settings(max_examples=15, deadline=None, phases=_QUICK)
+@given(corpus=st.sampled_from(["lognormal", "long"]), window=st.integers(8, 60),
+       batch=st.integers(1, 5), world=st.integers(1, 3), drop_last=st.booleans(),
+       before=st.integers(0, 40), steps=st.integers(0, 120))
+def test_advance_equals_walking_step_by_step(corpora, corpus, window, batch, world,
+                                             drop_last, before, steps):
+    packed = open_dataset(corpora[corpus]).documents().packed(64, window=window)
+    plan, _ = packed.bind_plan(batch, world_size=world, seed=3, drop_last=drop_last)
+    position = (0, 0)
+    for _ in range(before):
+        position = plan.after(*position)
+    walked = position
+    for _ in range(steps):
+        walked = plan.after(*walked)
+    fresh, _ = packed.with_order(3, True).bind_plan(batch, world_size=world, seed=3,
+                                                   drop_last=drop_last)
+    assert fresh.advance(*position, steps) == walked
+    assert plan.advance(*position, steps) == walked

@@ -858,6 +858,30 @@ class PackedPlan(Plan):
         consumed += self.step_size
         return (epoch, consumed) if self.has_step(consumed, epoch) else (epoch + 1, 0)
 
+    def advance(self, epoch: int, consumed: int, steps: int) -> tuple[int, int]:
+        """The (epoch, consumed) ``steps`` steps after the step ``(epoch,
+        consumed)`` starts, across epoch ends (``steps=1`` is :meth:`after`).
+        Inside the epoch it packs the windows up to the target row only;
+        each epoch it crosses is packed whole (its row count depends on its
+        order): O(windows), no walk step by step."""
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise ValueError(f"steps must be an int >= 0, got {steps!r}")
+        steps, consumed = int(steps), int(consumed)
+        if not self.has_step(consumed, epoch):  # past the epoch's last step: the next one
+            epoch, consumed = epoch + 1, 0
+        empty = 0
+        while True:
+            target = consumed + steps * self.step_size
+            if self.has_step(target, epoch):
+                return epoch, target
+            left = self.steps(consumed, epoch)
+            empty = empty + 1 if left == 0 else 0
+            if empty > 1:
+                raise ValueError(f"epoch {epoch} of {self._rows._documents} documents has no "
+                                 f"step of {self.step_size} rows: cannot advance")
+            steps -= left
+            epoch, consumed = epoch + 1, 0
+
     def order(self, epoch: int) -> Any:
         raise ValueError("packed rows have no permutation of fixed-length windows for "
                          "output='jax'; use output='numpy' (collate gives segment_ids and "
