@@ -540,3 +540,50 @@ def test_advance_equals_walking_step_by_step(corpora, corpus, window, batch, wor
                                                    drop_last=drop_last)
     assert fresh.advance(*position, steps) == walked
     assert plan.advance(*position, steps) == walked
+
+
+@pytest.mark.parametrize("microbatch", [None, 2])
+def test_jax_output_places_the_contract(corpora, microbatch):
+    """Loader(packed, output=JaxOutput(...)): global arrays of JAX's names, each
+    step's rows those of the numpy Loader, segment_ids/positions from its layout."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from zerobatch.jax import JaxOutput
+
+    packed = open_dataset(corpora["long"]).documents().packed(
+        32, window=24, loss_mask="loss_mask", labels="aligned")
+    devices = np.array(jax.devices()[:8])
+    if microbatch is None:
+        sharding = NamedSharding(Mesh(devices.reshape(4, 2), ("dp", "tp")), P("dp", "tp"))
+    else:
+        sharding = NamedSharding(Mesh(devices.reshape(2, 2, 2), ("pp", "dp", "tp")),
+                                 P("pp", "dp", "tp"))
+    loader = Loader(packed, 4, seed=6, output=JaxOutput(sharding, microbatch=microbatch),
+                    num_threads=1)
+    reference = Loader(packed, 4, seed=6, output="numpy", num_threads=0)
+    steps = list(loader)
+    assert len(steps) == len(reference) > 2
+    for got, want in zip(steps, reference, strict=True):
+        assert sorted(got) == ["input_ids", "labels", "positions", "segment_ids"]
+        assert got["input_ids"].sharding == sharding
+        flat = {name: np.asarray(value).reshape(4, 32) for name, value in got.items()}
+        for name in ("input_ids", "labels"):
+            np.testing.assert_array_equal(flat[name], want[name])
+        np.testing.assert_array_equal(flat["positions"], want["position_ids"])
+        # segment_ids: 1, 2, ... per document within the row, 0 on the padding tail
+        # (tokens are >= 1, padding is pad_id 0)
+        real = want["input_ids"] != 0
+        expect = want["seq_idx"] - want["seq_idx"][:, :1] + 1
+        np.testing.assert_array_equal(flat["segment_ids"], np.where(real, expect, 0))
+    resumed = Loader(packed, 4, seed=6, output=JaxOutput(sharding, microbatch=microbatch),
+                     num_threads=0)
+    state = Loader(packed, 4, seed=6, output="numpy")
+    it = iter(state)
+    next(it), next(it)
+    resumed.load_state_dict(state.state_dict())
+    rest = list(resumed)
+    assert len(rest) == len(steps) - 2
+    for got, want in zip(rest, steps[2:], strict=True):
+        np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(want["input_ids"]))

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -235,6 +236,9 @@ class PackedRows:
     that document) and, with a loss mask, ``loss_mask`` ``[B, seq_len]``
     uint8; :meth:`collate` turns it into the varlen contract.
     """
+
+    collate_outputs = ("numpy", "torch", "jax")
+    """The outputs :meth:`collate` gives (a ``JaxOutput`` places the JAX one)."""
 
     def __init__(
         self, documents: _Documents, seq_len: int, *, window: int = DEFAULT_WINDOW,
@@ -883,38 +887,48 @@ class PackedPlan(Plan):
             epoch, consumed = epoch + 1, 0
 
     def order(self, epoch: int) -> Any:
-        raise ValueError("packed rows have no permutation of fixed-length windows for "
-                         "output='jax'; use output='numpy' (collate gives segment_ids and "
-                         "positions) and place the arrays yourself")
+        """``epoch``'s map from row positions (``0 <= p < rows``) to row ids
+        (what :meth:`PackedRows.read` takes): how a ``JaxOutput`` finds the
+        rows its devices hold."""
+        return functools.partial(self._row_ids, epoch)
 
-    def rank_indices(self, epoch: int, consumed: int, rank: int,
-                     steps: int = 1) -> npt.NDArray[np.int64]:
+    def _row_ids(self, epoch: int, positions: Any) -> npt.NDArray[np.int64]:
+        """The row ids of ``epoch``'s row positions ``positions`` (positions at
+        or past the epoch's end: the first rows again, as padding)."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if positions.size == 0:
+            return positions.reshape(-1)
         rows = self._rows
-        rank = self.check_rank(rank)
-        positions = (int(consumed) + rank
-                     + self.world_size * np.arange(steps * self.batch_size, dtype=np.int64))
-        first, last = int(positions[0]), int(positions[-1])
+        flat = positions.reshape(-1)
+        first, last = int(flat.min()), int(flat.max())
         known = rows._walks.get(epoch)  # a walk's starts only grow: read without the lock
         if known is not None and known.starts[0] <= first and last < known.starts[-1]:
             i = bisect.bisect_right(known.starts, first) - 1
             if i + 1 < len(known.starts) and last < known.starts[i + 1]:  # one window: the usual
                 base = (epoch << (_ROW_BITS + _WINDOW_BITS)) | ((known.first + i) << _ROW_BITS)
-                return (positions + (base - known.starts[i])).reshape(steps, self.batch_size)
-        with rows._lock:  # the windows the step reaches, packed; then one walk holds all
-            rows._locate(epoch, int(positions[0]))
-            rows._locate(epoch, int(positions[-1]))
+                return flat + (base - known.starts[i])
+        with rows._lock:  # the windows the positions reach, packed; then one walk holds all
+            rows._locate(epoch, first)
+            rows._locate(epoch, last)
             walk = rows._walk(epoch)
             starts = np.array(walk.starts, np.int64)
             total = walk.total
-        inside = positions < (starts[-1] if total is None else total)
-        w = np.searchsorted(starts, positions[inside], side="right") - 1
-        ids = np.empty(positions.shape[0], np.int64)
+        inside = flat < (starts[-1] if total is None else total)
+        w = np.searchsorted(starts, flat[inside], side="right") - 1
+        ids = np.empty(flat.shape[0], np.int64)
         ids[inside] = ((epoch << (_ROW_BITS + _WINDOW_BITS)) | ((walk.first + w) << _ROW_BITS)
-                       | (positions[inside] - starts[w]))
+                       | (flat[inside] - starts[w]))
         for i in np.flatnonzero(~inside).tolist():  # pads the last step: the first rows again
-            pw, pr = self._wrap(epoch, int(positions[i]) - (total or 0))
+            pw, pr = self._wrap(epoch, int(flat[i]) - (total or 0))
             ids[i] = (epoch << (_ROW_BITS + _WINDOW_BITS)) | (pw << _ROW_BITS) | pr
-        return ids.reshape(steps, self.batch_size)
+        return ids
+
+    def rank_indices(self, epoch: int, consumed: int, rank: int,
+                     steps: int = 1) -> npt.NDArray[np.int64]:
+        rank = self.check_rank(rank)
+        positions = (int(consumed) + rank
+                     + self.world_size * np.arange(steps * self.batch_size, dtype=np.int64))
+        return self._row_ids(epoch, positions).reshape(steps, self.batch_size)
 
     def _wrap(self, epoch: int, past: int) -> tuple[int, int]:
         """The row that pads position ``past`` after the epoch's end: row

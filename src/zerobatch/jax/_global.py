@@ -14,7 +14,8 @@ global array and no process ever holds the whole step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -184,7 +185,8 @@ class GlobalSteps:
     """
 
     def __init__(self, sharding: jax.sharding.Sharding, *, rows: int, seq_len: int,
-                 microbatch: int | None = None) -> None:
+                 microbatch: int | None = None,
+                 collate: Callable[[Batch], Mapping[str, Any]] | None = None) -> None:
         rows, seq_len = _positive("rows", rows), _positive("seq_len", seq_len)
         if microbatch is None:
             self.shape: tuple[int, ...] = (rows, seq_len)
@@ -197,6 +199,7 @@ class GlobalSteps:
         check_sharding(sharding, self.shape)
         self.sharding = sharding
         self.positions = local_rows(sharding, self.shape)
+        self._collate = collate
 
     def indices(self, consumed: int, order: Any = None) -> npt.NDArray[np.int64]:
         """The observations this process reads for the step starting at global
@@ -208,7 +211,12 @@ class GlobalSteps:
 
     def __call__(self, batch: Any) -> Any:
         """``(x, y)`` from a batch with ``input_ids`` and ``labels``, else a dict
-        of every dense ``[rows, seq_len]`` column."""
+        of every dense ``[rows, seq_len]`` column. With ``collate`` (a source's
+        own, e.g. packed rows' varlen contract with JAX's names), a dict of the
+        dense columns it gives: ``input_ids``, ``labels``, ``segment_ids``,
+        ``positions``."""
+        if self._collate is not None:
+            return to_global(self._collate(batch), self.sharding, global_shape=self.shape)
         arrays = to_global(batch, self.sharding, global_shape=self.shape)
         if "input_ids" in arrays and "labels" in arrays:
             return arrays["input_ids"], arrays["labels"]
@@ -223,7 +231,10 @@ class JaxOutput:
     as everywhere in zerobatch), laid out ``(microbatch, rows // microbatch,
     seq_len)``, or ``(rows, seq_len)`` with ``microbatch`` None; it arrives as
     ``(x, y)`` (inputs, labels) or a dict of the dense columns
-    (:class:`GlobalSteps`). Each process reads only the rows its devices hold;
+    (:class:`GlobalSteps`); a source that collates for JAX itself (``"jax"``
+    in its ``collate_outputs``) gives the dict of that collation's dense
+    columns (packed rows: ``input_ids``, ``labels``, ``segment_ids``,
+    ``positions``). Each process reads only the rows its devices hold;
     ``rank`` and ``world_size`` default to JAX's process index and count. The
     source must have fixed-length windows (a ``seq_len``) and the Loader
     ``drop_last=True``. Immutable.
@@ -252,5 +263,8 @@ class JaxOutput:
         if seq_len is None:
             raise ValueError(f"a JaxOutput needs a source of fixed-length windows (a seq_len "
                              f"attribute); got {type(source).__name__}")
+        # a source that collates for JAX itself (packed rows: the contract, JAX's names)
+        collate = (functools.partial(source.collate, output="jax")
+                   if "jax" in getattr(source, "collate_outputs", ()) else None)
         return GlobalSteps(self.sharding, rows=plan.step_size, seq_len=seq_len,
-                           microbatch=self.microbatch)
+                           microbatch=self.microbatch, collate=collate)
