@@ -34,12 +34,15 @@ from pathlib import Path
 import numpy as np
 
 _STARTUP_ZEROBATCH = """
-import json, sys, time, tracemalloc
+import json, os, sys, time, tracemalloc
+begin = time.perf_counter()
 import numpy as np
-from zerobatch import Batch, Loader, Mixture
+from zerobatch import Batch, Loader, Mixture, open_dataset
+imported = time.perf_counter() - begin
 
 class Source:
-    '''A source of n observations that holds no data (what is measured is the mixture).'''
+    '''A source of n observations that holds no data (a user's own source:
+    the generic path, one read per source present in a step).'''
     def __init__(self, n):
         self.n = n
     def __len__(self):
@@ -47,23 +50,39 @@ class Source:
     def read(self, indices):
         return Batch.from_columns({"x": np.asarray(indices)})
 
-size, count = int(sys.argv[1]), int(sys.argv[2])
+size, count, kind, root, memory = sys.argv[1:6]
+size, count, memory = int(size), int(count), memory == "memory"
 rng = np.random.default_rng(0)
 weights = rng.random(count) + 0.01
-begin = time.perf_counter()  # the kernels load from Numba's cache once a process: apart
-next(iter(Loader(Mixture({"a": Source(10), "b": Source(10)}, {"a": 1.0, "b": 1.0}, length=64),
-                 8, output="numpy")))
+names = [f"source-{i}" for i in range(count)]
+# Numba loads each kernel from its cache once a process (issue 21: measured and
+# left): load the mixture's and the read path's here, apart from the start-up.
+begin = time.perf_counter()
+if kind == "windows":
+    warm = {n: open_dataset(os.path.join(root, f"d{i}")).windows(2048) for i, n in
+            enumerate(("a", "b"))}
+else:
+    warm = {"a": Source(10), "b": Source(10)}
+next(iter(Loader(Mixture(warm, {"a": 1.0, "b": 1.0}, length=64), 8, output="numpy")))
 kernels = time.perf_counter() - begin
-tracemalloc.start()
-start = time.perf_counter()
-lengths = (size * weights / weights.sum()).astype(np.int64) + 1
-sources = {f"source-{i}": Source(int(n)) for i, n in enumerate(lengths)}
-mixture = Mixture(sources, {f"source-{i}": float(w) for i, w in enumerate(weights)},
-                  length=size, seed=1)
-batch = next(iter(Loader(mixture, 512, output="numpy", num_threads=1)))
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "peak": tracemalloc.get_traced_memory()[1],
-                  "rows": len(batch["x"]), "kernels": kernels}))
+if memory:
+    tracemalloc.start()
+start, start_cpu = time.perf_counter(), time.process_time()
+if kind == "windows":  # real datasets: open each folder (manifest, file sizes)
+    sources = {n: open_dataset(os.path.join(root, f"d{i}")).windows(2048)
+               for i, n in enumerate(names)}
+else:
+    lengths = (size * weights / weights.sum()).astype(np.int64) + 1
+    sources = {n: Source(int(k)) for n, k in zip(names, lengths)}
+opened, opened_cpu = time.perf_counter(), time.process_time()
+mixture = Mixture(sources, dict(zip(names, weights.tolist())), length=size, seed=1)
+batch = next(iter(Loader(mixture, 512, output="numpy", num_threads=0)))
+end, end_cpu = time.perf_counter(), time.process_time()
+print(json.dumps({"open": opened - start, "open_cpu": opened_cpu - start_cpu,
+                  "seconds": end - opened, "cpu": end_cpu - opened_cpu,
+                  "peak": tracemalloc.get_traced_memory()[1] if memory else 0,
+                  "batch": sum(v.nbytes for v in batch.values() if hasattr(v, "nbytes")),
+                  "kernels": kernels, "import": imported}))
 """
 
 _STARTUP_MEGATRON = """
@@ -93,26 +112,62 @@ def _run(code: str, *args: object) -> dict[str, float]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def startup(megatron_max: int, sizes: list[int], counts: list[int]) -> None:
-    print("## 1. start-up to the first batch (fresh process each)")
-    print(f"{'samples':>14} {'sources':>8} | {'zerobatch ms':>12} {'MB':>7} | "
-          f"{'megatron ms':>12} {'MB':>8} | {'time x':>8} | kernel load ms (once a process)")
+def _datasets(root: Path, count: int) -> None:
+    """``count`` small token-stream datasets ``root/d{i}`` (8 windows of 2,048
+    tokens each; a source's length does not change the start-up): one written,
+    the others copies of its files (the writer syncs each file: slow x 2,000)."""
+    import shutil
+
+    from zerobatch import StreamWriter
+
+    first = root / "d0"
+    if not first.exists():
+        with StreamWriter(first) as writer:
+            writer.add_document(np.random.default_rng(1).integers(0, 50_000, size=8 * 2048 + 1))
+    for i in range(1, count):
+        if not (root / f"d{i}").exists():
+            shutil.copytree(first, root / f"d{i}")
+
+
+def startup(megatron_max: int, sizes: list[int], counts: list[int],
+            kinds: tuple[str, ...] = ("windows", "noop")) -> None:
+    """Start-up to the first batch of 512 (``Loader(num_threads=0)``: nothing
+    read ahead), each case in a fresh process (the Numba kernels loaded before
+    the clock starts, and reported apart); time and peak memory (tracemalloc,
+    less the first batch's own arrays: 16 MiB of tokens for windows) in two
+    runs, as tracemalloc slows Python. Megatron's smallest size is always
+    measured for each source count (the base of the extrapolation)."""
+    print("## 1. start-up to the first batch of 512 (fresh process each; ms wall / CPU)")
+    print("   windows: real local datasets (open = open_dataset of each, apart); noop: a "
+          "user's source holding no data (one read per source present)")
+    print(f"{'samples':>14} {'sources':>8} {'kind':>8} | {'open ms':>8} | {'zerobatch ms':>12} "
+          f"{'CPU ms':>7} {'MiB':>6} | {'megatron ms':>11} {'MB':>7} | {'x':>6} | "
+          "kernels ms, import ms (once a process)")
     measured: dict[int, tuple[int, float]] = {}  # sources -> (samples, seconds) largest run
-    for size in sizes:
-        for count in counts:
-            ours = _run(_STARTUP_ZEROBATCH, size, count)
-            if size * count <= megatron_max:
-                theirs = _run(_STARTUP_MEGATRON, size, count)
-                measured[count] = (size, theirs["seconds"])
-                note = ""
-            else:  # O(samples * sources) time, 10 bytes a sample
-                base_size, base_seconds = measured[count]
-                theirs = {"seconds": base_seconds * size / base_size, "peak": 10 * size}
-                note = " (extrapolated)"
-            print(f"{size:>14,} {count:>8,} | {ours['seconds'] * 1e3:>12.1f} "
-                  f"{ours['peak'] / 2**20:>7.2f} | {theirs['seconds'] * 1e3:>12.0f} "
-                  f"{theirs['peak'] / 2**20:>8.0f} | {theirs['seconds'] / ours['seconds']:>8.0f} | "
-                  f"{ours['kernels'] * 1e3:.0f}{note}")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        if "windows" in kinds:
+            _datasets(root, max(counts))
+        for size in sizes:
+            for count in counts:
+                if size * count <= megatron_max or count not in measured:
+                    theirs = _run(_STARTUP_MEGATRON, size, count)
+                    measured[count] = (size, theirs["seconds"])
+                    note = ""
+                else:  # O(samples * sources) time, 10 bytes a sample
+                    base_size, base_seconds = measured[count]
+                    theirs = {"seconds": base_seconds * size / base_size, "peak": 10 * size}
+                    note = " (megatron extrapolated)"
+                for kind in kinds:
+                    ours = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "time")
+                    memory = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "memory")
+                    peak = memory["peak"] - memory["batch"]  # the mixture's, not the tokens
+                    print(f"{size:>14,} {count:>8,} {kind:>8} | {ours['open'] * 1e3:>8.1f} | "
+                          f"{ours['seconds'] * 1e3:>12.1f} {ours['cpu'] * 1e3:>7.1f} "
+                          f"{peak / 2**20:>6.2f} | {theirs['seconds'] * 1e3:>11.0f} "
+                          f"{theirs['peak'] / 2**20:>7.0f} | "
+                          f"{theirs['seconds'] / ours['seconds']:>6.0f} | "
+                          f"{ours['kernels'] * 1e3:.0f}, {ours['import'] * 1e3:.0f}{note}")
 
 
 def _write(folder: Path, tokens: np.ndarray) -> None:

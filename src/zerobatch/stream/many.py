@@ -45,14 +45,13 @@ _HANDLE_BYTES = np.dtype(np.int64).itemsize
 
 def _layout(source: TokenWindows) -> tuple[Any, ...] | None:
     """What a batch's layout depends on, or None when ``source`` is not read
-    by the one-call local path."""
+    by the one-call local path. (The id bounds follow from the record and
+    output dtypes.)"""
     ds = source._ds
     if not source._direct or ds._local is None or ds._bases is not None:
         return None
-    bounds = source._bounds_check
-    return (source._seq_len, source._span, source._shift, source._dtype, source._columns,
-            source._record_dtype, source._plane_dtype, source._planes, source._want_segments,
-            source._mask_labels, bounds.dtype, tuple(bounds.tolist()),
+    return (source._seq_len, source._shift, source._dtype, source._columns,
+            source._record_dtype, source._want_segments, source._mask_labels,
             ds._local.files()[1])
 
 
@@ -61,38 +60,32 @@ class ManyWindows:
     docstring). Build with :meth:`of`."""
 
     def __init__(self, sources: Sequence[TokenWindows | None]) -> None:
-        present = [s for s in sources if s is not None]
         self._sources = list(sources)
+        present = [s for s in self._sources if s is not None]
         self._first = present[0]
         datasets: dict[int, Any] = {}
         for source in present:
             datasets.setdefault(id(source._ds), source._ds)
         self._datasets = list(datasets.values())
         # One record space: each dataset's shards after the previous dataset's.
-        record_base, shard_base, starts, live = {}, {}, [], []
-        records = shards = 0
-        for ds in self._datasets:
-            record_base[id(ds)], shard_base[id(ds)] = records, shards
-            count = ds._shard_starts.shape[0] - 1
-            starts.append(ds._shard_starts[:-1] + records)
-            live.append(ds._token_handles.ctypes.data
-                        + _HANDLE_BYTES * np.arange(count, dtype=np.int64))
-            records += int(ds._shard_starts[-1])
-            shards += count
-        starts.append(np.array([records], dtype=np.int64))
-        self._shard_starts = np.concatenate(starts)
-        self._live = np.concatenate(live)
-        self._owner = np.repeat(np.arange(len(self._datasets)),
-                                [ds._shard_starts.shape[0] - 1 for ds in self._datasets])
-        self._local_shard = np.arange(shards, dtype=np.int64) - np.repeat(
-            [shard_base[id(ds)] for ds in self._datasets],
-            [ds._shard_starts.shape[0] - 1 for ds in self._datasets]).astype(np.int64)
+        counts = np.array([ds._records.shape[0] for ds in self._datasets], dtype=np.int64)
+        records = np.concatenate([ds._records for ds in self._datasets])
+        self._shard_starts = np.zeros(records.shape[0] + 1, dtype=np.int64)
+        np.cumsum(records, out=self._shard_starts[1:])
+        shard_base = np.zeros(counts.shape[0], dtype=np.int64)
+        np.cumsum(counts[:-1], out=shard_base[1:])
+        record_base = self._shard_starts[shard_base]
+        self._owner = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
+        self._local_shard = np.arange(records.shape[0], dtype=np.int64) - shard_base[self._owner]
+        handles = np.array([ds._token_handles.ctypes.data for ds in self._datasets],
+                           dtype=np.int64)  # the arrays stay: only ever written in place
+        self._live = handles[self._owner] + _HANDLE_BYTES * self._local_shard
+        shards = records.shape[0]
         # Per source (base record, stride, windows); base -1: cannot be read.
-        self._table = np.zeros((len(self._sources), 3), dtype=np.int64)
-        self._table[:, 0] = -1
-        for s, one in enumerate(self._sources):
-            if one is not None:
-                self._table[s] = record_base[id(one._ds)], one._stride, len(one)
+        where = {key: d for d, key in enumerate(datasets)}
+        rows = [(record_base[where[id(one._ds)]], one._stride, len(one)) if one is not None
+                else (-1, 1, 0) for one in self._sources]
+        self._table = np.array(rows, dtype=np.int64).reshape(len(rows), 3)
         # The open-file table, by global shard (sizes < 0: not in it yet).
         self._fds = np.full(shards, -1, dtype=np.int64)
         self._addresses = np.zeros(shards, dtype=np.int64)
