@@ -446,10 +446,28 @@ def test_output_jax_on_eight_devices(tmp_path: Path) -> None:
     steps = list(Loader(mix, 8, output="jax", sharding=sharding, microbatch=2, num_threads=2))
     numpy = list(Loader(mix, 8, output="numpy"))
     assert len(steps) == len(numpy) == 20
-    for (x, y), batch in zip(steps, numpy, strict=True):
-        assert x.shape == (2, 4, 8)
-        np.testing.assert_array_equal(np.asarray(x).reshape(8, 8), batch["input_ids"])
-        np.testing.assert_array_equal(np.asarray(y).reshape(8, 8), batch["labels"])
+    for step, batch in zip(steps, numpy, strict=True):
+        assert set(step) == {"input_ids", "labels", "source"}
+        assert step["input_ids"].shape == (2, 4, 8)
+        np.testing.assert_array_equal(np.asarray(step["input_ids"]).reshape(8, 8),
+                                      batch["input_ids"])
+        np.testing.assert_array_equal(np.asarray(step["labels"]).reshape(8, 8), batch["labels"])
+        # the per-row column: (microbatch, rows), split as the rows, replicated over tp
+        source = step["source"]
+        assert source.shape == (2, 4) and source.dtype == np.int32
+        assert tuple(source.sharding.spec) == ("pp", "dp")
+        np.testing.assert_array_equal(np.asarray(source).reshape(8), batch["source"])
+        for shard in source.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data),
+                                          np.asarray(source)[shard.index])
+    # without microbatches: rows x tokens, rows over dp
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("dp", "tp"))
+    flat = list(Loader(mix, 8, output="jax", sharding=NamedSharding(mesh, P("dp", "tp"))))
+    for step, batch in zip(flat, numpy, strict=True):
+        assert step["source"].shape == (8,)
+        assert tuple(step["source"].sharding.spec) == ("dp",)
+        np.testing.assert_array_equal(np.asarray(step["source"]), batch["source"])
+        np.testing.assert_array_equal(np.asarray(step["input_ids"]), batch["input_ids"])
 
 
 _BEFORE = {"c0": 0.5, "c1": 0.3, "c2": 0.2}
@@ -582,3 +600,61 @@ def test_stateful_dataloader_resumes_a_mixture() -> None:
                              seed=2, length=400, block_size=16), 8)
     resumed.load_state_dict(json.loads(json.dumps(state)))
     assert head + [b["index"].tolist() for b in resumed] == expected
+
+
+def test_stateful_dataloader_resumes_a_changed_mixture() -> None:
+    """A raw StatefulDataLoader state (2 workers) resumes a mixture whose
+    weights changed: loader_state(..., allow=) gives the saved mixture's
+    state at the step after the last batch, and the new loader continues it
+    exactly as a plain Loader resumed there with the same change."""
+    pytest.importorskip("torchdata")
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from zerobatch.torch import LoaderDataset
+
+    before, after = {"s0": 1.0, "s1": 2.0, "s2": 0.5}, {"s0": 3.0, "s1": 0.5, "s2": 1.0}
+
+    def mixture(weights: dict[str, float]) -> Mixture:
+        return Mixture(_sources([37, 50, 11]), weights, seed=2, length=400, block_size=16)
+
+    def rows(batch: Any) -> list[tuple[int, int]]:
+        source, index = batch["source"], batch["index"]
+        if isinstance(source, torch.Tensor):
+            source, index = source.numpy(), index.numpy()
+        return list(zip(source.tolist(), index.tolist(), strict=True))
+
+    data = StatefulDataLoader(LoaderDataset(Loader(mixture(before), 8)), batch_size=None,
+                              num_workers=2)
+    it = iter(data)
+    head = [rows(next(it)) for _ in range(7)]
+    saved = json.loads(json.dumps(data.state_dict()))
+    del it, data
+    plain = Loader(mixture(before), 8)
+    plain_it = iter(plain)
+    assert [rows(next(plain_it)) for _ in range(7)] == head
+    reference = Loader(mixture(after), 8)
+    reference.load_state_dict(plain.state_dict(), allow={"weights"})
+    expected = [rows(b) for b in reference]
+
+    dataset = LoaderDataset(Loader(mixture(after), 8))
+    with pytest.raises(ValueError, match="weights"):
+        dataset.loader_state(saved)  # the mixture changed: refused without allow
+    with pytest.raises(ValueError, match="weights"):
+        dataset.loader_state(saved, allow={"length"})
+    state = dataset.loader_state(saved, allow={"weights"})
+    assert state["consumed"] == 56 and state["source"] == mixture(before).state_dict()
+    dataset.load_state_dict(state, allow={"weights"})
+    resumed = StatefulDataLoader(dataset, batch_size=None, num_workers=2)
+    got = [rows(b) for b in resumed]
+    assert got == expected
+    # each source goes on in its own order: no observation repeated within its pass
+    seen: dict[int, list[int]] = {}
+    for batch in head + got:
+        for s, i in batch:
+            seen.setdefault(s, []).append(i)
+    for s, indices in seen.items():
+        n = [37, 50, 11][s]
+        for p in range(0, len(indices), n):
+            chunk = indices[p:p + n]
+            assert len(set(chunk)) == len(chunk)

@@ -46,6 +46,7 @@ persistent workers keep the loader they started with.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +55,7 @@ import torch.utils.data
 from zerobatch._torch_output import TorchOutput
 from zerobatch.loader import Loader
 from zerobatch.plan import Plan, Position
+from zerobatch.source import resume_source
 
 __all__ = ["DataLoader", "LoaderDataset", "TorchOutput"]
 
@@ -101,21 +103,35 @@ class LoaderDataset(torch.utils.data.IterableDataset):
         """Move the loader to ``state`` (as ``Loader.load_state_dict``, ``allow`` included)."""
         self.loader.load_state_dict(state, allow=allow)
 
-    def loader_state(self, dataloader_state: dict[str, Any]) -> dict[str, Any]:
+    def loader_state(self, dataloader_state: dict[str, Any], *,
+                     allow: Any = ()) -> dict[str, Any]:
         """The Loader state inside ``StatefulDataLoader.state_dict()`` over a
         LoaderDataset, saved with any ``num_workers``, ``world_size`` and
         ``batch_size``: the step after the last batch its main process yielded
         (also with ``snapshot_every_n_steps`` above 1). ``loader.load_state_dict``
         of it resumes with any of them changed. O(workers).
 
+        A source that resumes changed (a ``Mixture`` whose weights, sources or
+        length changed since the save: see ``Loader.load_state_dict``) needs
+        ``allow`` naming the changes: the state is then the saved source's (its
+        description and identity, from the state's ``dataset_state``), checked
+        against this loader's source, and ``loader.load_state_dict(state,
+        allow=...)`` continues it (a new stage at that step).
+
         ValueError names the field when ``dataloader_state`` holds no
-        LoaderDataset position or a malformed one.
+        LoaderDataset position or a malformed one, and names what changed when
+        ``allow`` does not accept it.
         """
         states = _iterator_states(dataloader_state)
         if not states:
             raise ValueError("dataloader_state holds no LoaderDataset iterator state; pass "
                              "StatefulDataLoader(LoaderDataset(...)).state_dict()")
         position = self.loader.position()
+        first = states[0].get("loader") if isinstance(states[0], dict) else None
+        changed = (isinstance(first, dict) and first.get("fingerprint") != position.fingerprint
+                   and callable(getattr(self.loader.source, "resumed", None)))
+        if allow or changed:  # check the workers against the source they were saved with
+            position = _saved_position(self.loader, dataloader_state, states)
         steps = [_check_iterator_state(s, position) for s in states]
         step_size = steps[0][1]
         if any(size != step_size for _, size in steps):
@@ -127,12 +143,53 @@ class LoaderDataset(torch.utils.data.IterableDataset):
             raise ValueError(f"dataloader_state has _steps_since_snapshot={since!r}; expected "
                              "an int >= 0")
         if since:
-            plan = self.loader.plan
+            plan = position.plan
             saved = Plan(plan.length, step_size, seed=plan.seed, shuffle=plan.shuffle,
                          drop_last=plan.drop_last, block_size=plan.block_size)
             epoch, consumed = saved.advance(epoch, consumed, since)
         position.epoch, position.consumed = epoch, consumed
-        return position.state_dict()
+        state = position.state_dict()
+        if allow or changed:
+            resume_source(self.loader.source, state, allow)  # raises naming what changed
+        return state
+
+
+def _saved_position(loader: Loader, dataloader_state: Any, states: list[Any]) -> Position:
+    """A Position of the plan and source the workers' states were saved with
+    (their length and fingerprint, and the saved source's description from a
+    ``dataset_state``), to check them against when the source changed since."""
+    loaders = [s.get("loader") for s in states if isinstance(s, dict)]
+    saved = loaders[0] if loaders and isinstance(loaders[0], dict) else {}
+    length = saved.get("length")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+        raise ValueError(f"LoaderDataset iterator state has loader.length={length!r}; "
+                         "expected an int >= 0")
+    description = None
+    for found in _dataset_states(dataloader_state):
+        if isinstance(found, dict) and found.get("fingerprint") == saved.get("fingerprint"):
+            description = found.get("source")
+            break
+    if description is None:
+        raise ValueError("dataloader_state holds no dataset_state with the saved source's "
+                         "description (LoaderDataset.state_dict()): cannot resume a changed "
+                         "source from it")
+    plan = dataclasses.replace(loader.plan, length=length)
+    return Position(plan, saved.get("fingerprint"), description)
+
+
+def _dataset_states(dataloader_state: Any) -> list[Any]:
+    """Every ``dataset_state`` in a StatefulDataLoader state (the main
+    process's, each worker's)."""
+    found = [dataloader_state.get("dataset_state")]
+    snapshot = dataloader_state.get("_snapshot")
+    if isinstance(snapshot, dict):
+        main = snapshot.get("_main_snapshot")
+        if isinstance(main, dict):
+            found.append(main.get("dataset_state"))
+        workers = snapshot.get("_worker_snapshots")
+        if isinstance(workers, dict):
+            found.extend(w.get("dataset_state") for w in workers.values() if isinstance(w, dict))
+    return [f for f in found if f is not None]
 
 
 def _check_iterator_state(state: Any, position: Position) -> tuple[tuple[int, int], int]:

@@ -13,6 +13,7 @@ from zerobatch.jax._global import (
     check_sharding,
     local_box,
     local_rows,
+    row_sharding,
     to_global,
 )
 from zerobatch.jax.shards import DataConfig, ShardDataset, get_datasets
@@ -27,5 +28,6 @@ __all__ = [
     "get_datasets",
     "local_box",
     "local_rows",
+    "row_sharding",
     "to_global",
 ]

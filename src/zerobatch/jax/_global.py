@@ -25,7 +25,7 @@ import numpy.typing as npt
 from zerobatch.columnar import Batch
 
 __all__ = ["GlobalSteps", "JaxOutput", "check_layout", "check_sharding", "local_box",
-           "local_rows", "to_global"]
+           "local_rows", "row_sharding", "to_global"]
 
 
 def _positive(name: str, value: object) -> int:
@@ -144,6 +144,34 @@ def _place(
     return jax.make_array_from_process_local_data(sharding, local, shape)
 
 
+def row_sharding(sharding: jax.sharding.Sharding, ndim: int) -> jax.sharding.Sharding:
+    """The sharding of a per-row column (``[rows]``, e.g. a mixture's
+    ``source``) beside token columns of ``ndim`` dimensions placed with
+    ``sharding``: a ``NamedSharding``'s spec without its token dimension (rows
+    split as the tokens' rows are, replicated over the token axes); any other
+    sharding as it is (a single device's)."""
+    spec, mesh = getattr(sharding, "spec", None), getattr(sharding, "mesh", None)
+    if spec is None or mesh is None:
+        return sharding
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*tuple(spec)[:ndim - 1]))
+
+
+def _place_rows(array: np.ndarray, name: str, sharding: jax.sharding.Sharding,
+                shape: tuple[int, ...]) -> jax.Array:
+    """A per-row column (this process's rows, ``local_rows`` order) as a global
+    array of the step's shape without its token dimension."""
+    rows_shape = shape[:-1]
+    placed = row_sharding(sharding, len(shape))
+    box = local_box(placed, rows_shape)
+    box_shape = tuple(s.stop - s.start for s in box)
+    array = np.asarray(array)
+    if array.shape != (int(np.prod(box_shape)),) and array.shape != box_shape:
+        raise ValueError(f"{name}: expected this process's {int(np.prod(box_shape))} rows "
+                         f"(local_rows order), got shape {array.shape}; global shape "
+                         f"{rows_shape}")
+    return jax.make_array_from_process_local_data(placed, array.reshape(box_shape), rows_shape)
+
+
 def to_global(
     batch: Any, sharding: jax.sharding.Sharding, *, global_shape: tuple[int, ...],
     fields: tuple[str, ...] | None = None,
@@ -156,8 +184,10 @@ def to_global(
     ``[rows, T]`` (tokens outside this process's slice are dropped), or is
     already this process's block (``local_box``). Returns one array, or a dict
     for a mapping or a ``Batch`` (``fields``: which columns; default every
-    dense ``[rows, T]`` column). The arrays are copied to the devices; the
-    inputs may be reused afterwards.
+    dense ``[rows, T]`` column and every per-row ``[rows]`` one, such as a
+    mixture's ``source``, which becomes an array of ``global_shape`` without
+    its last dimension, placed with :func:`row_sharding`). The arrays are
+    copied to the devices; the inputs may be reused afterwards.
     """
     shape = tuple(int(n) for n in global_shape)
     check_sharding(sharding, shape)
@@ -167,9 +197,11 @@ def to_global(
             batch.fields if isinstance(batch, Batch) else batch)}
         names = fields if fields is not None else tuple(
             name for name, column in columns.items()
-            if isinstance(column, np.ndarray) and column.ndim == 2
+            if isinstance(column, np.ndarray) and column.ndim in (1, 2)
         )
-        return {name: _place(columns[name], name, sharding, shape, box) for name in names}
+        return {name: _place_rows(columns[name], name, sharding, shape)
+                if np.ndim(columns[name]) == 1 else
+                _place(columns[name], name, sharding, shape, box) for name in names}
     return _place(batch, "batch", sharding, shape, box)
 
 
@@ -210,15 +242,18 @@ class GlobalSteps:
         return positions if order is None else np.asarray(order(positions), dtype=np.int64)
 
     def __call__(self, batch: Any) -> Any:
-        """``(x, y)`` from a batch with ``input_ids`` and ``labels``, else a dict
-        of every dense ``[rows, seq_len]`` column. With ``collate`` (a source's
-        own, e.g. packed rows' varlen contract with JAX's names), a dict of the
-        dense columns it gives: ``input_ids``, ``labels``, ``segment_ids``,
-        ``positions``."""
+        """``(x, y)`` from a batch with ``input_ids`` and ``labels`` and no
+        per-row column, else a dict of every dense ``[rows, seq_len]`` column
+        and every per-row one (a mixture's ``source``: the step's shape
+        without ``seq_len``, see :func:`to_global`). With ``collate`` (a
+        source's own, e.g. packed rows' varlen contract with JAX's names), a
+        dict of the dense columns it gives: ``input_ids``, ``labels``,
+        ``segment_ids``, ``positions``."""
         if self._collate is not None:
             return to_global(self._collate(batch), self.sharding, global_shape=self.shape)
         arrays = to_global(batch, self.sharding, global_shape=self.shape)
-        if "input_ids" in arrays and "labels" in arrays:
+        per_row = any(a.ndim < len(self.shape) for a in arrays.values())
+        if "input_ids" in arrays and "labels" in arrays and not per_row:
             return arrays["input_ids"], arrays["labels"]
         return arrays
 
