@@ -587,3 +587,59 @@ def test_jax_output_places_the_contract(corpora, microbatch):
     assert len(rest) == len(steps) - 2
     for got, want in zip(rest, steps[2:], strict=True):
         np.testing.assert_array_equal(np.asarray(got["input_ids"]), np.asarray(want["input_ids"]))
+
+
+def test_batch_service_over_packed_rows(corpora):
+    """BatchServer/BatchClient over packed rows: each rank's batches equal the
+    Loader's, every document exactly once per epoch through the service, the
+    states interchangeable, and a resume (with another world_size) exact."""
+    import threading
+
+    from zerobatch.service import BatchClient, BatchServer
+
+    packed = open_dataset(corpora["long"]).documents().packed(64, window=24,
+                                                              loss_mask="loss_mask")
+    server = BatchServer(packed, "tcp://127.0.0.1:*")
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        options: dict[str, Any] = {"seed": 4, "world_size": 2, "output": "numpy",
+                                   "drop_last": False, "epochs": 2}
+        pieces: Counter = Counter()
+        for rank in range(2):
+            with BatchClient(server.address, 3, rank=rank, **options) as client:
+                remote = list(client)
+                state = client.state_dict()
+            local_loader = Loader(packed, 3, rank=rank, num_threads=0, **options)
+            local = list(local_loader)
+            assert state == local_loader.state_dict()
+            assert len(remote) == len(local) > 0
+            for got, want in zip(remote, local, strict=True):
+                assert list(got) == list(want)
+                for name in ("input_ids", "labels", "position_ids", "cu_seqlens", "seq_idx",
+                             "padding"):
+                    np.testing.assert_array_equal(got[name], want[name])
+                assert got["max_seqlen"] == want["max_seqlen"]
+                for row in range(3):
+                    if not got["padding"][row]:
+                        for doc in got["doc_ids"][row].tolist():
+                            pieces[doc] += 1
+        lengths = open_dataset(corpora["long"]).documents().lengths(np.arange(DOCS))
+        per_epoch = Counter({doc: 2 * max(1, -(-int(n) // 64)) for doc, n in enumerate(lengths)})
+        assert pieces == per_epoch  # two epochs: every piece of every document twice
+        # resume: two steps with world_size 2, then world_size 1 through the service
+        with BatchClient(server.address, 3, rank=0, seed=4, world_size=2,
+                         output="numpy") as client:
+            steps = iter(client)
+            next(steps), next(steps)
+            state = client.state_dict()
+        whole = Loader(packed, 3, seed=4, output="numpy", num_threads=0)
+        whole.load_state_dict(state)
+        with BatchClient(server.address, 3, seed=4, output="numpy") as client:
+            client.load_state_dict(state)
+            for got, want in zip(client, whole, strict=True):
+                np.testing.assert_array_equal(got["input_ids"], want["input_ids"])
+                np.testing.assert_array_equal(got["labels"], want["labels"])
+    finally:
+        server.stop()
+        thread.join(10)

@@ -77,7 +77,7 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -100,7 +100,8 @@ from zerobatch.varlen import (
     varlen_columns,
 )
 
-__all__ = ["DEFAULT_WINDOW", "MIN_WINDOW", "POLICIES", "PackedPlan", "PackedRows"]
+__all__ = ["DEFAULT_WINDOW", "MIN_WINDOW", "POLICIES", "PackedPlan", "PackedRows",
+           "collate_rows"]
 
 
 class _Documents(Protocol):
@@ -581,29 +582,15 @@ class PackedRows:
 
     def collate(self, batch: Batch, output: str = "numpy") -> dict[str, Any]:
         """The varlen contract (:mod:`zerobatch.varlen`) of a batch of rows, for
-        ``output`` ``"numpy"``, ``"torch"`` or ``"jax"``; rows marked ``padding``
-        (a Loader's ``drop_last=False``) get labels -100 throughout. Also keeps
-        ``padding`` and, as (values, offsets) pairs for torch, ``doc_ids``."""
-        cols = batch.to_numpy()
-        out = varlen_columns(cols["input_ids"], cols["seqlens"], labels=self.labels,
-                             loss_mask=cols.get("loss_mask"),
-                             attention_mask=self.attention_mask,
-                             cu_seqlens_size=self.cu_seqlens_size, jax=output == "jax")
-        padding = cols.get("padding")
-        if padding is not None:
-            out["labels"][np.asarray(padding, bool)] = IGNORE_INDEX
-            out["padding"] = np.asarray(padding, bool)
-        out = to_output(out, output)
-        doc_ids = cols["doc_ids"]
-        assert isinstance(doc_ids, Jagged)
-        if output == "torch":
-            import torch
+        ``output`` ``"numpy"``, ``"torch"`` or ``"jax"`` (:func:`collate_rows`
+        with this source's :meth:`collate_options`)."""
+        return collate_rows(batch.to_numpy(), output, **self.collate_options())
 
-            out["doc_ids"] = (torch.from_numpy(np.ascontiguousarray(doc_ids.values)),
-                              torch.from_numpy(doc_ids.offsets))
-        else:
-            out["doc_ids"] = doc_ids
-        return out
+    def collate_options(self) -> dict[str, Any]:
+        """What :func:`collate_rows` needs besides the rows (JSON-able: a
+        ``BatchServer`` sends it to its clients)."""
+        return {"labels": self.labels, "attention_mask": self.attention_mask,
+                "cu_seqlens_size": self.cu_seqlens_size}
 
     def bind_plan(self, batch_size: int, *, world_size: int = 1, seed: int = 0,
                   shuffle: bool = True, drop_last: bool = True,
@@ -782,6 +769,36 @@ class PackedRows:
                     walk.total = walk.starts[-1]
 
 
+def collate_rows(columns: Mapping[str, Any], output: str = "numpy", *,
+                 labels: Literal["shifted", "aligned"] = "shifted",
+                 attention_mask: bool = False,
+                 cu_seqlens_size: int | None = None) -> dict[str, Any]:
+    """The varlen contract of packed rows' columns (``PackedRows.read``'s, as
+    NumPy: ``input_ids``, jagged ``seqlens`` and ``doc_ids``, maybe
+    ``loss_mask`` and the Loader's ``padding``) for ``output`` ``"numpy"``,
+    ``"torch"`` or ``"jax"``; rows marked ``padding`` get labels -100
+    throughout. Also keeps ``padding`` and ``doc_ids`` (for torch a
+    ``(values, offsets)`` pair of tensors)."""
+    out = varlen_columns(columns["input_ids"], columns["seqlens"], labels=labels,
+                         loss_mask=columns.get("loss_mask"), attention_mask=attention_mask,
+                         cu_seqlens_size=cu_seqlens_size, jax=output == "jax")
+    padding = columns.get("padding")
+    if padding is not None:
+        out["labels"][np.asarray(padding, bool)] = IGNORE_INDEX
+        out["padding"] = np.asarray(padding, bool)
+    out = to_output(out, output)
+    doc_ids = columns["doc_ids"]
+    assert isinstance(doc_ids, Jagged)
+    if output == "torch":
+        import torch
+
+        out["doc_ids"] = (torch.from_numpy(np.ascontiguousarray(doc_ids.values)),
+                          torch.from_numpy(doc_ids.offsets))
+    else:
+        out["doc_ids"] = doc_ids
+    return out
+
+
 def _kind(value: Any) -> Any:
     """A span value's kind: the value if a str, else its ``"kind"`` entry."""
     if isinstance(value, str):
@@ -831,6 +848,10 @@ class PackedPlan(Plan):
 
     def _total(self, epoch: int) -> int:
         return self._rows.rows(epoch)
+
+    def rows(self, epoch: int) -> int:
+        """Rows in ``epoch`` (packs every window of it: O(documents))."""
+        return self._total(epoch)
 
     def _exists(self, epoch: int, row: int) -> bool:
         """Whether ``epoch`` has row ``row`` (packing forward only as far as needed)."""

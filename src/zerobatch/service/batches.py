@@ -54,8 +54,11 @@ class BatchServer(Server):
         max_batch_size: the largest ``batch_size`` a request may ask for (rows).
 
     Ops: ``info`` answers ``length``, ``fingerprint``, ``ordered`` and ``source``
-    (a stateful source's description, as the Loader's state holds it); ``batch`` answers one
-    batch, with the Loader's boolean ``padding`` column when ``drop_last=False``.
+    (a stateful source's description, as the Loader's state holds it), and for
+    packed rows ``packed`` (their ``collate_options``); ``batch`` answers one
+    batch, with the Loader's boolean ``padding`` column when ``drop_last=False``;
+    ``epoch`` (packed rows, the batch keys) answers the epoch's ``rows`` and the
+    state's ``cursor`` at ``consumed``.
     Thread safety: serve from one thread; ``source.read`` is only called there.
     """
 
@@ -72,8 +75,10 @@ class BatchServer(Server):
     ) -> None:
         self.source = source
         self.max_batch_size = max_batch_size
-        self._length = len(source)
-        self._plans: OrderedDict[tuple, Any] = OrderedDict()
+        self._plans: OrderedDict[tuple, tuple[Any, Any]] = OrderedDict()
+        # a source with its own plan (packed rows): the plan's length (documents), not len()
+        bind = getattr(source, "bind_plan", None)
+        self._length = bind(1)[0].length if callable(bind) else len(source)
         super().__init__(
             address,
             self._handle,
@@ -87,12 +92,16 @@ class BatchServer(Server):
         op = expect(header, "op", str, where="header", field="op")
         no_payload(op, payload)
         if op == "info":
-            return {"length": self._length, "fingerprint": fingerprint(self.source),
+            info = {"length": self._length, "fingerprint": fingerprint(self.source),
                     "ordered": bool(getattr(self.source, "ordered", False)),
-                    "source": source_state(self.source)}, []
-        if op != "batch":
+                    "source": source_state(self.source)}
+            options = getattr(self.source, "collate_options", None)
+            if callable(getattr(self.source, "bind_plan", None)) and callable(options):
+                info["packed"] = options()  # rows per epoch vary: ask with op "epoch"
+            return info, []
+        if op not in ("batch", "epoch"):
             raise FormatError(
-                f"unknown op {op!r}; expected info or batch", path="header", field="op"
+                f"unknown op {op!r}; expected info, batch or epoch", path="header", field="op"
             )
         args = {
             key: expect(header, key, kind, where="header", field=key)
@@ -105,22 +114,33 @@ class BatchServer(Server):
                 f"rank {args['rank']} outside [0, world_size={args['world_size']}) or "
                 f"world_size above {_MAX_WORLD_SIZE}"
             )
-        plan = self._plan(args)
+        plan, source = self._plan(args)
         consumed = args["consumed"]
+        if op == "epoch":  # packed rows: the epoch's rows and the state's cursor at consumed
+            rows = getattr(plan, "rows", None)
+            if not callable(rows):
+                raise ValueError("op 'epoch' is for sources with their own plan (packed rows)")
+            if not 0 <= args["epoch"] < 1 << 63 or consumed < 0:
+                raise ValueError(f"epoch={args['epoch']}, consumed={consumed}: out of range")
+            return {"rows": rows(args["epoch"]),
+                    "cursor": plan.cursor_state(args["epoch"], consumed)}, []
         # Any position with a step left: a state saved with another batch_size or
         # world_size (an elastic resume) continues mid-way through this plan's steps.
         if not 0 <= args["epoch"] < 1 << 63:
             raise ValueError(f"epoch={args['epoch']} outside [0, 2**63)")
-        if not 0 <= consumed < plan.length or not plan.has_step(consumed, args["epoch"]):
+        bounded = source is self.source and not callable(getattr(source, "bind_plan", None))
+        if (consumed < 0 or (bounded and consumed >= plan.length)
+                or not plan.has_step(consumed, args["epoch"])):
             raise ValueError(
                 f"consumed={consumed} has no step left in the epoch ({plan.length} positions, "
                 f"steps of {plan.step_size})"
             )
-        batch = read_step(self.source, plan, args["epoch"], consumed, args["rank"])
+        batch = read_step(source, plan, args["epoch"], consumed, args["rank"])
         return {}, batch.to_frames()
 
-    def _plan(self, args: dict[str, Any]) -> Any:
-        """The Plan for these arguments (the last few are kept; building one is cheap)."""
+    def _plan(self, args: dict[str, Any]) -> tuple[Any, Any]:
+        """The plan for these arguments and the source it reads (a source with
+        its own plan binds it: packed rows); the last few are kept."""
         from zerobatch.plan import Plan
 
         key = (
@@ -131,24 +151,21 @@ class BatchServer(Server):
             args["drop_last"],
             args["block_size"],
         )
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = Plan(
-                self._length,
-                args["batch_size"],
-                world_size=args["world_size"],
-                seed=args["seed"],
-                shuffle=args["shuffle"],
-                drop_last=args["drop_last"],
-                block_size=args["block_size"],
-            )
-            self._plans[key] = plan
+        known = self._plans.get(key)
+        if known is None:
+            options = {"world_size": args["world_size"], "seed": args["seed"],
+                       "shuffle": args["shuffle"], "drop_last": args["drop_last"],
+                       "block_size": args["block_size"]}
+            bind = getattr(self.source, "bind_plan", None)
+            if callable(bind):
+                known = bind(args["batch_size"], **options)
+            else:
+                known = (Plan(self._length, args["batch_size"], **options), self.source)
+            self._plans[key] = known
             if len(self._plans) > _PLANS_KEPT:
                 self._plans.popitem(last=False)
         self._plans.move_to_end(key)
-        return plan
-
-
+        return known
 
 
 def serve_dataset(

@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from zerobatch.columnar import Batch
+from zerobatch.packing import PackedPlan
 from zerobatch.plan import Plan, Position
 from zerobatch.service._fetch import Fetcher
 from zerobatch.service._transport import CurveKeys
@@ -83,11 +84,21 @@ class BatchClient:
         self._fetcher = Fetcher(
             list(addresses), timeout=timeout, window=prefetch, curve=curve, server_key=server_key
         )
+        # packed rows' epoch op runs while batches stream: its own sockets, made on first use
+        self._side: Fetcher | None = None
+        self._side_options: tuple[list[str], dict[str, Any]] = (
+            list(addresses),
+            {"timeout": timeout, "window": 1, "curve": curve, "server_key": server_key})
         info, _ = self._fetcher.request({"op": "info"})
         self.length: int = info["length"]
         shuffle = self.shuffle = ordered_shuffle(bool(info.get("ordered")), shuffle,
                                                  "the served source")
-        self._plan = Plan(
+        self._packed: dict[str, Any] | None = info.get("packed")
+        plan_type: Any = Plan
+        extra: dict[str, Any] = {}
+        if self._packed is not None:  # packed rows: epochs of their own lengths
+            plan_type, extra = _ServedPlan, {"ask": self._ask_epoch}
+        self._plan = plan_type(
             self.length,
             batch_size,
             world_size=world_size,
@@ -95,6 +106,7 @@ class BatchClient:
             shuffle=shuffle,
             drop_last=drop_last,
             block_size=block_size,
+            **extra,
         )
         self.rank = self._plan.check_rank(rank)
         self._position = Position(self._plan, info.get("fingerprint"), info.get("source"))
@@ -139,11 +151,31 @@ class BatchClient:
             self._position.received(epoch, consumed)
             yield self._convert(batch)
 
+    def _ask_epoch(self, epoch: int, consumed: int) -> dict[str, Any]:
+        """The server's ``epoch`` op: the epoch's rows and the state's cursor."""
+        header = {"op": "epoch", "seed": self.seed, "epoch": epoch, "consumed": consumed,
+                  "rank": self.rank, "world_size": self.world_size,
+                  "batch_size": self.batch_size, "shuffle": self.shuffle,
+                  "drop_last": self.drop_last, "block_size": self.block_size}
+        if self._side is None:
+            addresses, options = self._side_options
+            self._side = Fetcher(addresses, **options)
+        reply, _ = self._side.request(header)
+        return reply
+
     def _convert(self, batch: Batch) -> Any:
         if self.transform is not None:
             batch = self.transform(batch)
         if self.output == "batch":
             return batch
+        if self._packed is not None:  # the varlen contract, as the Loader collates it
+            from zerobatch.packing import collate_rows
+
+            columns = collate_rows(batch.to_numpy(), self.output, **self._packed)
+            if self.output == "torch" and (self.pin_memory or self.device is not None):
+                columns = {name: _moved(value, self.pin_memory, self.device)
+                           for name, value in columns.items()}
+            return columns
         if self.output == "numpy":
             return batch.to_numpy()
         return batch.to_torch(pin_memory=self.pin_memory, device=self.device)
@@ -151,9 +183,47 @@ class BatchClient:
     def close(self) -> None:
         """Close the sockets (idempotent; iteration after it fails)."""
         self._fetcher.close()
+        if self._side is not None:
+            self._side.close()
 
     def __enter__(self) -> BatchClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _moved(value: Any, pin_memory: bool, device: Any) -> Any:
+    """A tensor pinned and moved to ``device``; anything else as it is."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return value
+    value = value.pin_memory() if pin_memory else value
+    return value if device is None else value.to(device, non_blocking=pin_memory)
+
+
+class _ServedPlan(PackedPlan):
+    """The plan of packed rows served by BatchServers: each epoch's row count
+    and the state's cursor come from a server (``ask(epoch, consumed)``, the
+    ``epoch`` op; row counts kept), the batches too."""
+
+    def __init__(self, *args: Any, ask: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        object.__setattr__(self, "_ask", ask)
+        object.__setattr__(self, "_known", {})
+
+    def _total(self, epoch: int) -> int:
+        known: dict[int, int] = self._known  # type: ignore[attr-defined]
+        if epoch not in known:
+            known[epoch] = int(self._ask(epoch, 0)["rows"])  # type: ignore[attr-defined]
+        return known[epoch]
+
+    def _exists(self, epoch: int, row: int) -> bool:
+        return row < self._total(epoch)
+
+    def cursor_state(self, epoch: int, consumed: int) -> dict[str, Any]:
+        return dict(self._ask(epoch, consumed)["cursor"])  # type: ignore[attr-defined]
+
+    def restore_cursor(self, epoch: int, consumed: int, state: dict[str, Any]) -> None:
+        """Nothing to restore: the servers re-pack the window they need."""
