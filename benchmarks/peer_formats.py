@@ -4,7 +4,9 @@ The same random corpus (uint16 tokens, documents of about 1,000 tokens) is
 written by each peer's own writer: Megatron (megatron-core's
 ``IndexedDatasetBuilder``), datatrove (``TokenizedFile``), LitData
 (``BinaryWriter``, what ``optimize`` runs; ``TokensLoader``), Hugging Face
-(``save_to_disk`` of a ``list<uint16>`` column), and zerobatch's own
+(``save_to_disk`` of a ``list<uint16>`` column), MosaicML Streaming
+(``MDSWriter``, one ``ndarray:uint16`` sample per document; run in its own
+environment, tests/support/mds_env.py, built once), and zerobatch's own
 ``StreamWriter`` (the native baseline). Then, each in a fresh process:
 
 1. **First batch**: wall time from opening the files to the first shuffled
@@ -23,7 +25,12 @@ written by each peer's own writer: Megatron (megatron-core's
    its own format, against each peer's own loader on the same files
    (documents for HF: zerobatch's ``documents()`` against ``ds[indices]``).
 
+   MDS: ``StreamingDataset(shuffle=True)`` (its defaults otherwise) with a
+   ``DataLoader`` of 8 samples (documents), in its environment; zerobatch's
+   windows and documents on the same shards.
+
     python benchmarks/peer_formats.py [--tokens 1e8] [--seconds 5] [--out DIR] [--megatron-only]
+    python benchmarks/peer_formats.py --mds-only [--tokens 1e8]   # MDS and native only
 
 Figures go to BENCHMARKS.md with the machine's load.
 """
@@ -120,6 +127,32 @@ def _write_hf(folder: Path, values: np.ndarray, starts: np.ndarray, ends: np.nda
     column = pa.ListArray.from_arrays(offsets, pa.array(values))
     table = pa.table({"input_ids": column})
     datasets.Dataset(table).save_to_disk(str(folder))
+
+
+def _write_mds(folder: Path, values: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from support import mds_env
+
+    shutil.rmtree(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(Path(tmp) / "tokens.npy", values)
+        np.save(Path(tmp) / "ends.npy", ends)
+        job = {"out": str(folder), "column": "tokens", "tokens": str(Path(tmp) / "tokens.npy"),
+               "ends": str(Path(tmp) / "ends.npy"), "size_limit": 1 << 26}
+        (Path(tmp) / "jobs.json").write_text(json.dumps({"corpus": [job]}))
+        mds_env.run("jobs", str(Path(tmp) / "jobs.json"), timeout=3600)
+
+
+def _mds(path: Path, seconds: float) -> dict[str, float]:
+    """MDS's own StreamingDataset on ``path``, in its environment."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from support import mds_env
+
+    lines = mds_env.run("bench", str(path), "tokens", str(BATCH), str(seconds)).splitlines()
+    return json.loads([line for line in lines if line.startswith("{")][-1])
 
 
 def _write_native(folder: Path, values: np.ndarray, starts: np.ndarray,
@@ -286,11 +319,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep the corpora here")
     parser.add_argument("--megatron-only", action="store_true",
                         help="only the first-batch comparison with Megatron's GPTDataset")
+    parser.add_argument("--mds-only", action="store_true",
+                        help="only MDS (against MDS's StreamingDataset) and the native baseline")
     args = parser.parse_args()
     tokens = int(args.tokens)
     root = args.out or Path(tempfile.mkdtemp(prefix="zb-peers-"))
-    formats = ["megatron"] if args.megatron_only else [
-        "megatron", "datatrove", "litdata", "hf", "native"]
+    formats = ["megatron"] if args.megatron_only else ["mds", "native"] if args.mds_only else [
+        "megatron", "datatrove", "litdata", "hf", "mds", "native"]
     paths = build(root / f"{tokens}", tokens, formats)
     print(f"tokens {tokens:,}, seq_len {SEQ}, batch {BATCH}; load {os.getloadavg()}")
     print("\nfirst batch (fresh process; imports excluded)")
@@ -302,19 +337,23 @@ def main() -> None:
         "datatrove": _datatrove_first, "litdata": _litdata_first, "hf": _hf_first,
     }
     first: dict[str, dict[str, float]] = {}
+    mds_rate = None
     for name, path in paths.items():
         mode = "docs" if name == "hf" else "windows"
+        if name == "mds":  # its first batch and rate in one run of its environment
+            mds_rate = _mds(path, args.seconds)
         ours = run(_zerobatch_first(path, mode))
         first[name] = ours
         print(f"{name:<10} {'zerobatch Loader, cold':<34} {ours['s']:>9.4f} "
               f"{ours['rss'] / 2**20:>14.1f}", flush=True)
         print(f"{name:<10} {'zerobatch Loader, warm':<34} {ours['warm']:>9.4f} "
               f"{ours['warm_rss'] / 2**20:>14.1f}", flush=True)
-        if name in peers:
-            theirs = run(peers[name](path))
+        if name in peers or name == "mds":
+            theirs = mds_rate if name == "mds" else run(peers[name](path))
+            assert theirs is not None
             label = {"megatron": "GPTDataset (builds its indices)", "datatrove":
                      "DatatroveFolderDataset+DataLoader", "litdata": "StreamingDataset",
-                     "hf": "load_from_disk + rows"}[name]
+                     "hf": "load_from_disk + rows", "mds": "MDS StreamingDataset"}[name]
             print(f"{name:<10} {label:<34} {theirs['s']:>9.4f} {theirs['rss'] / 2**20:>14.1f}"
                   f"   / zerobatch: cold {theirs['s'] / ours['s']:.2f}x, warm "
                   f"{theirs['s'] / ours['warm']:.1f}x", flush=True)
@@ -331,7 +370,16 @@ def main() -> None:
         "litdata": lambda p: _litdata_rate(p, args.seconds),
         "hf": lambda p: _hf_rate(p, args.seconds),
     }
+    if mds_rate is not None:
+        for mode in ("windows", "docs"):
+            ours = run(_zerobatch_rate(paths["mds"], mode, args.seconds))["tokens_s"]
+            base = native_docs if mode == "docs" else native
+            print(f"{'mds ' + mode:<10} {mds_rate['tokens_s']:>14,.0f} {ours:>14,.0f} "
+                  f"{ours / mds_rate['tokens_s']:>8.1f} {ours / base:>9.2f}", flush=True)
+        rates = {}  # --mds-only: no other peer
     for name, make in rates.items():
+        if name not in paths:
+            continue
         mode = "docs" if name == "hf" else "windows"
         ours = run(_zerobatch_rate(paths[name], mode, args.seconds))["tokens_s"]
         theirs = run(make(paths[name]))["tokens_s"]

@@ -6,9 +6,13 @@ datasets with mosaicml-streaming's ``MDSWriter`` and dumps what its
 (``{"out", "columns", "size_limit", "npz", "samples"}``: sample ``i``'s
 column ``c`` is ``npz[f"{c}.{i}"]``) and each ``read`` (``{"dir", "column",
 "out"}``: sample ``i``'s column saved as ``out[f"{i}"]``, in order).
+``corpus`` jobs (``{"out", "column", "tokens", "ends", "size_limit"}``: one
+sample per document, ``tokens`` an ``.npy`` of every token and ``ends`` one of
+each document's end) write a benchmark corpus.
 ``python mds_tool.py bench DIR COLUMN BATCH SECONDS`` prints JSON: seconds to
-the first batch and tokens per second of a shuffled ``StreamingDataset`` at
-its defaults (a torch ``DataLoader`` of ``BATCH`` samples, no workers).
+the first batch and the peak RSS added meanwhile, then tokens per second, of a
+shuffled ``StreamingDataset`` at its defaults but ``shuffle=True`` (a torch
+``DataLoader`` of ``BATCH`` samples as a list, no workers).
 """
 
 from __future__ import annotations
@@ -40,6 +44,19 @@ def write(job: dict) -> None:
             writer.write({c: _value(e, data[f"{c}.{i}"]) for c, e in job["columns"].items()})
 
 
+def corpus(job: dict) -> None:
+    from streaming import MDSWriter
+
+    values = np.load(job["tokens"], mmap_mode="r")
+    ends = np.load(job["ends"])
+    columns = {job["column"]: f"ndarray:{values.dtype.name}"}
+    with MDSWriter(out=job["out"], columns=columns, size_limit=job["size_limit"]) as writer:
+        start = 0
+        for end in ends.tolist():
+            writer.write({job["column"]: np.asarray(values[start:end])})
+            start = end
+
+
 def read(job: dict) -> None:
     from streaming import StreamingDataset
 
@@ -47,25 +64,37 @@ def read(job: dict) -> None:
     np.savez(job["out"], **{str(i): np.asarray(ds[i][job["column"]]) for i in range(len(ds))})
 
 
+def _rss(key: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
 def bench(folder: str, column: str, batch: int, seconds: float) -> None:
     from streaming import StreamingDataset
     from torch.utils.data import DataLoader
 
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # VmHWM restarts from VmRSS
+    before = _rss("VmRSS")
     start = time.perf_counter()
     ds = StreamingDataset(local=folder, shuffle=True, batch_size=batch)
-    loader = DataLoader(ds, batch_size=batch, num_workers=0)
+    loader = DataLoader(ds, batch_size=batch, num_workers=0, collate_fn=list)
     steps = iter(loader)
-    first = next(steps)
+    next(steps)
     first_batch = time.perf_counter() - start
-    tokens = int(first[column].numel())
+    added = _rss("VmHWM") - before
+    tokens = 0
     began = time.perf_counter()
     while time.perf_counter() - began < seconds:
         try:
-            tokens += int(next(steps)[column].numel())
+            tokens += sum(int(sample[column].size) for sample in next(steps))
         except StopIteration:
             steps = iter(loader)
-    print(json.dumps({"first_batch_s": first_batch,
-                      "tokens_per_s": tokens / (time.perf_counter() - began)}))
+    print(json.dumps({"s": first_batch, "rss": added,
+                      "tokens_s": tokens / (time.perf_counter() - began)}))
 
 
 def main() -> None:
@@ -77,6 +106,8 @@ def main() -> None:
             jobs = json.load(handle)
         for job in jobs.get("write", []):
             write(job)
+        for job in jobs.get("corpus", []):
+            corpus(job)
         for job in jobs.get("read", []):
             read(job)
     elif sys.argv[1] == "bench":

@@ -1,5 +1,6 @@
 """Numba kernels of the peer readers: a format's boundary table to document
-offsets in one pass. They return a status code and never raise; the callers
+offsets in one pass; an MDS batch's reads split at sample bounds, and their
+sample headers checked. They return a status code and never raise; the callers
 turn it into a ``FormatError`` naming the file and field."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "OK", "gather", "megatron_offsets",
-           "search_right"]
+__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "OK", "gather", "mds_check", "mds_pieces",
+           "megatron_offsets", "search_right"]
 
 OK, BAD_LENGTH, BAD_POINTER, BAD_INDICES = 0, 1, 2, 3
 
@@ -81,3 +82,124 @@ def gather(table: np.ndarray, positions: np.ndarray) -> np.ndarray:
     for i in range(positions.shape[0]):
         out[i] = table[positions[i]]
     return out
+
+
+@njit(nogil=True, cache=True)
+def mds_pieces(
+    shards: np.ndarray, first: np.ndarray, count: np.ndarray, handles: np.ndarray,
+    dest: np.ndarray, itemsize: int, total: int, first_len: int, entries: bool, per: int,
+    size: int, fixed_first: np.ndarray, before: int, tokens: np.ndarray, values: np.ndarray,
+    begins: np.ndarray, ends: np.ndarray, headers: np.ndarray, shard_samples: np.ndarray,
+    shard_tokens: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """An MDS batch's reads: requests ``(shard, first record, count)`` over each
+    shard's tokens (with a handle and a byte destination) split at sample
+    bounds. With ``per > 0`` every sample holds ``per`` tokens in ``size``
+    bytes (``fixed_first``: each shard's first sample byte, ``before``: bytes
+    before the values); else the global tables (``tokens``: ``[samples + 1]``
+    token offsets over all shards, per sample its ``values``, ``begins``,
+    ``ends`` and ``headers`` bytes; ``shard_samples``/``shard_tokens``: each
+    shard's first sample and token).
+
+    Returns ``(requests (4, 3n), pieces (7, n), bytes)``: ``n`` value reads into
+    the batch buffer (bytes ``[0, total)``), then ``n`` reads of ``first_len``
+    bytes (a sample's size prefix at its start, or with ``entries`` its two
+    offsets-table entries), then ``n`` shape-header reads, into one scratch
+    buffer of ``bytes``; per piece its shard, sample in the shard, token
+    count, start and end bytes, value byte and header bytes."""
+    requests_in = shards.shape[0]
+    low_sample = np.zeros(requests_in, np.int64)
+    high_sample = np.zeros(requests_in, np.int64)
+    n = 0
+    for p in range(requests_in):
+        if count[p] <= 0:
+            continue
+        if per > 0:
+            low_sample[p] = first[p] // per
+            high_sample[p] = (first[p] + count[p] - 1) // per + 1
+        else:
+            at = shard_tokens[shards[p]] + first[p]
+            low_sample[p] = np.searchsorted(tokens, at, side="right") - 1
+            high_sample[p] = np.searchsorted(tokens, at + count[p], side="left")
+        n += high_sample[p] - low_sample[p]
+    requests = np.empty((4, 3 * n), np.int64)
+    pieces = np.empty((7, n), np.int64)
+    header_at = total + n * first_len
+    k = 0
+    for p in range(requests_in):
+        s = shards[p]
+        for g in range(low_sample[p], high_sample[p]):
+            if per > 0:
+                local, start, tokens_in = g, g * per, per
+                begin = fixed_first[s] + g * size
+                end, value, head = begin + size, begin + before, 0
+            else:
+                local = g - shard_samples[s]
+                start = tokens[g] - shard_tokens[s]
+                tokens_in = tokens[g + 1] - tokens[g]
+                begin, end, value, head = begins[g], ends[g], values[g], headers[g]
+            low = max(start, first[p])
+            high = min(start + tokens_in, first[p] + count[p])
+            requests[0, k] = handles[p]
+            requests[1, k] = value + (low - start) * itemsize
+            requests[2, k] = (high - low) * itemsize
+            requests[3, k] = dest[p] + (low - first[p]) * itemsize
+            requests[0, n + k] = handles[p]
+            requests[1, n + k] = 4 * (1 + local) if entries else begin
+            requests[2, n + k] = first_len
+            requests[3, n + k] = total + k * first_len
+            requests[0, 2 * n + k] = handles[p]
+            requests[1, 2 * n + k] = value - head
+            requests[2, 2 * n + k] = head
+            requests[3, 2 * n + k] = header_at
+            header_at += head
+            pieces[0, k], pieces[1, k], pieces[2, k] = s, local, tokens_in
+            pieces[3, k], pieces[4, k], pieces[5, k], pieces[6, k] = begin, end, value, head
+            k += 1
+    return requests, pieces, header_at
+
+
+@njit(nogil=True, cache=True)
+def _le(data: np.ndarray, at: int, count: int) -> int:
+    """The unsigned little-endian integer of ``count`` bytes at ``at``."""
+    value = np.int64(0)
+    for i in range(count):
+        value |= np.int64(data[at + i]) << (8 * i)
+    return int(value)
+
+
+@njit(nogil=True, cache=True)
+def mds_check(
+    scratch: np.ndarray, requests: np.ndarray, pieces: np.ndarray, first_len: int,
+    sizes: np.ndarray, variable: np.ndarray, position: int, itemsize: int,
+) -> int:
+    """The first piece of ``mds_pieces`` whose sample's checked bytes (read into
+    ``scratch``) disagree with the tables, or -1: the offsets-table entries
+    (no variable-size column), or the size prefix (``sizes``: each column's
+    fixed size; ``variable``: the columns with a prefix; the token column at
+    ``position``) and the 1-D shape header."""
+    n = pieces.shape[1]
+    column_sizes = sizes.copy()
+    for k in range(n):
+        at = requests[3, n + k]
+        begin, end, value, head = pieces[3, k], pieces[4, k], pieces[5, k], pieces[6, k]
+        if variable.shape[0] == 0:
+            if _le(scratch, at, 4) != begin or _le(scratch, at + 4, 4) != end:
+                return k
+        else:
+            for v in range(variable.shape[0]):
+                column_sizes[variable[v]] = _le(scratch, at + 4 * v, 4)
+            before = np.int64(0)
+            for c in range(position):
+                before += column_sizes[c]
+            if (first_len + column_sizes.sum() != end - begin
+                    or begin + first_len + before + head != value
+                    or column_sizes[position] != head + pieces[2, k] * itemsize):
+                return k
+        if head > 0:
+            where = requests[3, 2 * n + k]
+            width = head - 1
+            code = 0 if width == 1 else 1 if width == 2 else 2 if width == 4 else 3
+            if scratch[where] != (1 << 2 | code) or _le(scratch, where + 1, width) != pieces[2, k]:
+                return k
+    return -1

@@ -52,6 +52,7 @@ import numpy.typing as npt
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
+from zerobatch.peers._kernels import mds_check, mds_pieces
 from zerobatch.stream.verify import Problem
 
 __all__ = ["INDEX", "VALUE_DTYPES", "MDSFiles", "detect"]
@@ -112,6 +113,12 @@ class _Layout:
     variable: tuple[int, ...]  # the columns with a size prefix, in order
 
     @property
+    def before(self) -> int:
+        """Bytes of the fixed-size columns before the token column (all columns
+        fixed)."""
+        return sum(s or 0 for s in self.sizes[:self.position])
+
+    @property
     def fixed_sample(self) -> int | None:
         """Bytes of every sample when all columns are fixed, else None."""
         return None if self.variable else sum(s or 0 for s in self.sizes)
@@ -127,6 +134,21 @@ class _Table:
     values: npt.NDArray[np.int64]
     begins: npt.NDArray[np.int64]
     headers: npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class _Global:
+    """Every shard's table end to end (dynamic shapes): global token offsets
+    (``[samples + 1]``), per sample its value, start and end bytes and header
+    bytes, and per shard its first sample and first token."""
+
+    tokens: npt.NDArray[np.int64]
+    values: npt.NDArray[np.int64]
+    begins: npt.NDArray[np.int64]
+    ends: npt.NDArray[np.int64]
+    headers: npt.NDArray[np.int64]
+    shard_samples: npt.NDArray[np.int64]
+    shard_tokens: npt.NDArray[np.int64]
 
 
 class MDSFiles(PeerFiles):
@@ -154,6 +176,7 @@ class MDSFiles(PeerFiles):
         names = set(location.names)
         self._lock = threading.Lock()
         self._tables: dict[int, _Table] = {}
+        self._global: _Global | None = None
         self._samples: list[int] = []
         self._bytes: list[int] = []
         files = []
@@ -161,6 +184,11 @@ class MDSFiles(PeerFiles):
             files.append(self._shard_file(i, entry, names))
         self._files = tuple(files)
         self._header_bytes = [4 * (n + 2) for n in self._samples]
+        sample = self._layout.fixed_sample or 0
+        self._sizes = np.array([size or 0 for size in self._layout.sizes], np.int64)
+        self._variable = np.array(self._layout.variable, np.int64)
+        self._fixed_first = np.array([size - n * sample for size, n in
+                                      zip(self._bytes, self._samples, strict=True)], np.int64)
         records = self._records()
         self.shards = tuple(
             PeerShard(name, self._first_value(i), records[i], self._samples[i], name)
@@ -305,11 +333,14 @@ class MDSFiles(PeerFiles):
         offsets = self._offsets_tables(range(len(self._files)))
         prefixes = (self._prefix_tables(list(range(len(offsets))), offsets)
                     if len(layout.variable) > 1 else None)
-        records = []
-        for i, table in enumerate(offsets):
-            built = self._build(i, table, None if prefixes is None else prefixes[i])
-            self._tables[i] = built
-            records.append(int(built.tokens[-1]))
+        built = [self._build(i, table, None if prefixes is None else prefixes[i])
+                 for i, table in enumerate(offsets)]
+        records = [int(t.tokens[-1]) for t in built]
+        self._global = _global(built, self._bytes, records)
+        g = self._global
+        for i, t in enumerate(built):  # the tables share the global arrays
+            a, b = int(g.shard_samples[i]), int(g.shard_samples[i + 1])
+            self._tables[i] = _Table(t.tokens, g.values[a:b], g.begins[a:b], g.headers[a:b])
         return records
 
     def _read(self, names: list[int], starts: list[int], counts: list[int],
@@ -458,87 +489,51 @@ class MDSFiles(PeerFiles):
 
     # -- reads ----------------------------------------------------------------
 
-    def _pieces(self, shards: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
-                counts: npt.NDArray[np.int64]) -> tuple[np.ndarray, ...]:
-        """Requests ``(shard, first record, records)`` split at sample bounds:
-        per piece its request, shard, sample, and first record in the sample."""
-        parts: list[list[np.ndarray]] = [[], [], [], []]
-        for p in range(shards.shape[0]):
-            if counts[p] <= 0:
-                continue
-            s = int(shards[p])
-            tokens = self.table(s).tokens
-            lo = int(np.searchsorted(tokens, starts[p], side="right")) - 1
-            hi = int(np.searchsorted(tokens, starts[p] + counts[p], side="left"))
-            samples = np.arange(lo, hi, dtype=np.int64)
-            parts[0].append(np.full(samples.shape[0], p, np.int64))
-            parts[1].append(np.full(samples.shape[0], s, np.int64))
-            parts[2].append(samples)
-            parts[3].append(np.maximum(tokens[samples], starts[p]))
-        if not parts[0]:
-            return tuple(np.empty(0, np.int64) for _ in range(4))
-        return tuple(np.concatenate(part) for part in parts)
-
     def read_scattered(self, shards: npt.NDArray[np.int64], requests: npt.NDArray[np.int64],
                        buffer: npt.NDArray[np.uint8]) -> None:
         """Run the dataset's ``requests`` (``(4, P)``: handle, byte offset, bytes
         and destination over each shard's token stream, as if it were one
         array) into ``buffer``: one storage call reads every (request, sample)
-        piece and the sample's header, which is checked (``FormatError`` naming
-        the shard file and sample otherwise)."""
+        piece with its sample's size prefix (or offsets-table entries) and
+        shape header, which are checked (``FormatError`` naming the shard file
+        and sample otherwise). The split and the checks are two Numba passes
+        (``peers._kernels.mds_pieces``, ``mds_check``)."""
+        layout, table = self._layout, self._global
         itemsize = self.dtype.itemsize
-        first, count = requests[1] // itemsize, requests[2] // itemsize
-        owner, shard, sample, low = self._pieces(shards, first, count)
-        high = np.empty_like(low)
-        values = np.empty_like(low)
-        starts = np.empty_like(low)
-        begins = np.empty_like(low)
-        headers = np.empty_like(low)
-        for s in np.unique(shard).tolist():
-            chosen = shard == s
-            table, at = self.table(s), sample[chosen]
-            high[chosen] = np.minimum(table.tokens[at + 1],
-                                      first[owner[chosen]] + count[owner[chosen]])
-            starts[chosen] = table.values[at]
-            values[chosen] = starts[chosen] + (low[chosen] - table.tokens[at]) * itemsize
-            begins[chosen] = table.begins[at]
-            headers[chosen] = table.headers[at]
-        dest = requests[3][owner] + (low - first[owner]) * itemsize
-        lengths = (high - low) * itemsize
-        # Each piece's checks: its sample's size prefix (or, with no variable-size
-        # column, its offsets-table entries) and its shape header.
-        width = 4 * len(self._layout.variable)
-        if width:
-            first_at, first_len = begins, np.full(sample.shape[0], width, np.int64)
-        else:
-            first_at, first_len = 4 * (1 + sample), np.full(sample.shape[0], 8, np.int64)
-        check_at = np.concatenate([first_at, starts - headers])
-        check_len = np.concatenate([first_len, headers])
+        width = 4 * len(layout.variable)
+        first_len = width if width else 8
         total = int(buffer.size)
-        check_dest = total + np.concatenate([[0], np.cumsum(check_len)[:-1]]).astype(np.int64)
-        scratch = np.empty(total + int(check_len.sum()), np.uint8)
-        handles = requests[0][owner]
-        short = self.storage.read_into(
-            np.concatenate([handles, handles, handles]),
-            np.concatenate([values, check_at]), np.concatenate([lengths, check_len]), scratch,
-            np.concatenate([dest, check_dest]))
+        none = np.zeros(1, np.int64)
+        if layout.fixed_sample is not None:
+            fixed = (int(np.prod(layout.shape or ())), layout.fixed_sample, self._fixed_first,
+                     layout.before, none, none, none, none, none, none, none)
+        else:
+            assert table is not None
+            fixed = (0, 0, none, 0, table.tokens, table.values, table.begins, table.ends,
+                     table.headers, table.shard_samples, table.shard_tokens)
+        reads, pieces, size = mds_pieces(
+            shards, requests[1] // itemsize, requests[2] // itemsize, requests[0], requests[3],
+            itemsize, total, first_len, not width, *fixed)
+        scratch = np.empty(size, np.uint8)
+        short = self.storage.read_into(reads[0], reads[1], reads[2], scratch, reads[3])
         if short >= 0:
-            piece = short % max(owner.shape[0], 1)
+            piece = short % max(pieces.shape[1], 1)
             raise FormatError("file ends inside a sample; truncated or not fully written?",
-                              path=self.path(self._files[int(shard[piece])]),
-                              field=f"samples[{int(sample[piece])}]")
+                              path=self.path(self._files[int(pieces[0, piece])]),
+                              field=f"samples[{int(pieces[1, piece])}]")
         buffer[:] = scratch[:total]
-        checked = scratch[total:]
-        n = sample.shape[0]
-        ends = np.cumsum(check_len)
-        for p in range(n):
-            a = checked[ends[p] - first_len[p]:ends[p]]
-            b = checked[ends[n + p] - headers[p]:ends[n + p]]
-            s = int(shard[p])
-            message = self.sample_problem(s, int(sample[p]), a, b)
-            if message is not None:
-                raise FormatError(message, path=self.path(self._files[s]),
-                                  field=f"samples[{int(sample[p])}].{self._layout.column}")
+        bad = mds_check(scratch, reads, pieces, first_len, self._sizes, self._variable,
+                        layout.position, itemsize)
+        if bad >= 0:
+            n = pieces.shape[1]
+            s, j = int(pieces[0, bad]), int(pieces[1, bad])
+            at, head = int(reads[3, n + bad]), int(pieces[6, bad])
+            where = int(reads[3, 2 * n + bad])
+            message = self.sample_problem(s, j, scratch[at:at + first_len],
+                                          scratch[where:where + head])
+            raise FormatError(message or "the sample's header disagrees with its table",
+                              path=self.path(self._files[s]),
+                              field=f"samples[{j}].{layout.column}")
 
     def _end(self, shard: int, j: int) -> int:
         table = self.table(shard)
@@ -642,6 +637,21 @@ class MDSFiles(PeerFiles):
         return [("shards", f"{len(self._files):,}"),
                 ("samples", f"{sum(self._samples):,}"),
                 ("token column", f"{layout.column} ({layout.dtype.name}, shape {shape})")]
+
+
+def _global(tables: list[_Table], sizes: list[int], records: list[int]) -> _Global:
+    """The shards' ``tables`` end to end (``sizes``: each shard file's bytes)."""
+    counts = [t.values.shape[0] for t in tables]
+    starts = np.concatenate([[0], np.cumsum(records)]).astype(np.int64)
+    tokens = np.concatenate([t.tokens[:-1] + starts[i] for i, t in enumerate(tables)]
+                            + [starts[-1:]])
+    ends = [np.append(t.begins[1:], size) if t.begins.size else t.begins
+            for t, size in zip(tables, sizes, strict=True)]
+    return _Global(tokens.astype(np.int64), np.concatenate([t.values for t in tables]),
+                   np.concatenate([t.begins for t in tables]),
+                   np.concatenate(ends).astype(np.int64),
+                   np.concatenate([t.headers for t in tables]),
+                   np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), starts)
 
 
 def _one_dimensional(size: npt.NDArray[np.int64], itemsize: int
