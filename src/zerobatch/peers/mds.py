@@ -582,6 +582,27 @@ class MDSFiles(PeerFiles):
 
     # -- documents, verify, describe -------------------------------------------
 
+    def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Per record of ``shard``, its sample: arithmetic with a fixed layout,
+        else a search of the shard's sample table."""
+        per = self._per_sample()
+        if per:
+            return records // per
+        found = np.searchsorted(self.table(shard).tokens, records, side="right")
+        return found.astype(np.int64) - 1
+
+    def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
+        """``shard``'s sample token offsets at ``ids`` (each in ``[0, samples]``)."""
+        per = self._per_sample()
+        if per:
+            return (ids * per).astype(np.uint64)
+        return self.table(shard).tokens[ids].astype(np.uint64)
+
+    def _per_sample(self) -> int:
+        """Tokens of every sample with a fixed layout, else 0."""
+        layout = self._layout
+        return int(np.prod(layout.shape or ())) if layout.fixed_sample is not None else 0
+
     def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         try:
             return "samples", None, self.table(shard).tokens.astype(np.uint64)
