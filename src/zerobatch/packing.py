@@ -56,12 +56,18 @@ or spans of a kind (``loss_spans="assistant"``: spans whose value is that
 string, or a dict with that ``"kind"``) mask the labels (see
 :mod:`zerobatch.varlen` for both label conventions).
 
-Mixtures: a packed source packs the documents of one ``Documents`` source
-(one dataset, or datasets joined with ``zerobatch.combine``): packing over a
-mixture of documents works when the mixture is that source. A mixture *of*
-packed sources is not supported yet: ``read`` takes the row ids its own plan
-gives (:meth:`PackedRows.bind_plan`), not positions ``0..len-1``, so a mixture
-must let each packed source keep its plan.
+Mixtures, both ways:
+
+- *Packing over a mixture of documents*: a packed source packs one
+  ``Documents`` source (one dataset, or datasets joined with
+  ``zerobatch.combine``); every epoch gets its own packing.
+- *A mixture of packed sources*: ``Mixture({"a": pa.mixable(), "b":
+  pb.mixable()}, weights, ...)`` (:class:`MixableRows`): each source is one
+  packing (epoch 0 of its document order) read as positions ``0..rows-1``;
+  the mixture's passes permute those rows afresh, so each pass of each source
+  takes every document exactly once and resumes exactly (the Mixture's state).
+  A ``PackedRows`` itself is refused by ``Mixture`` (its row ids carry epoch
+  and window, and its epochs differ in length).
 
 Each epoch's padding and dropped tokens are logged (logger
 ``zerobatch.packing``, INFO) when its last window is packed, and returned by
@@ -100,8 +106,8 @@ from zerobatch.varlen import (
     varlen_columns,
 )
 
-__all__ = ["DEFAULT_WINDOW", "MIN_WINDOW", "POLICIES", "PackedPlan", "PackedRows",
-           "collate_rows"]
+__all__ = ["DEFAULT_WINDOW", "MIN_WINDOW", "POLICIES", "MixableRows", "PackedPlan",
+           "PackedRows", "collate_rows"]
 
 
 class _Documents(Protocol):
@@ -586,6 +592,13 @@ class PackedRows:
         with this source's :meth:`collate_options`)."""
         return collate_rows(batch.to_numpy(), output, **self.collate_options())
 
+    def mixable(self) -> MixableRows:
+        """These rows as a plain source of positions ``0 .. rows - 1`` (one
+        packing: the documents in this source's ``seed``/``shuffle`` order of
+        epoch 0), what ``zerobatch.Mixture`` mixes: its passes over the rows
+        are its own permutations of this one packing (:class:`MixableRows`)."""
+        return MixableRows(self)
+
     def collate_options(self) -> dict[str, Any]:
         """What :func:`collate_rows` needs besides the rows (JSON-able: a
         ``BatchServer`` sends it to its clients)."""
@@ -769,6 +782,54 @@ class PackedRows:
                     walk.total = walk.starts[-1]
 
 
+class MixableRows:
+    """Packed rows as positions ``0 .. len - 1`` for ``zerobatch.Mixture``
+    (``PackedRows.mixable()``): position ``j`` is row ``j`` of the packing of
+    epoch 0 of ``rows``' document order (its ``seed`` and ``shuffle``). The
+    mixture reads a source in passes, each pass every position exactly once in
+    its own seeded permutation, so each pass of a packed source takes every
+    document exactly once (or exactly its split pieces); the rows' packing is
+    the same in every pass (a pass's length must be fixed: another packing
+    per pass would change it), their order is not. ``read`` maps positions to
+    row ids (the one-window case without a lock, else one walk: O(windows)
+    the first time) and reads them; ``collate`` is the packed rows'. Mixing
+    two packed sources needs the same ``seq_len`` and collate options
+    (``labels``, ``attention_mask``, ``cu_seqlens_size``). Thread-safe."""
+
+    def __init__(self, rows: PackedRows) -> None:
+        self._rows = rows
+        self._plan, _ = rows.bind_plan(1, seed=rows.seed, shuffle=rows.shuffle)
+        self.seq_len = rows.seq_len
+        self._length = rows.rows(0)
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        return f"MixableRows({self._rows!r}, rows={self._length})"
+
+    @property
+    def fingerprint(self) -> str:
+        """The rows' fingerprint plus the document order packed."""
+        return f"{self._rows.fingerprint}:mixable:{self._rows.seed}:{self._rows.shuffle}"
+
+    def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
+        """Rows at positions ``indices`` (``0 <= i < len``)."""
+        positions = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).reshape(-1)
+        if positions.size and (int(positions.min()) < 0
+                               or int(positions.max()) >= self._length):
+            bad = int(positions.min()) if int(positions.min()) < 0 else int(positions.max())
+            raise IndexError(f"row {bad} is out of range for {self._length} packed rows")
+        return self._rows.read(self._plan._row_ids(0, positions))
+
+    def collate(self, batch: Batch, output: str = "numpy") -> dict[str, Any]:
+        """The packed rows' varlen contract (:meth:`PackedRows.collate`)."""
+        return self._rows.collate(batch, output)
+
+    def collate_options(self) -> dict[str, Any]:
+        return self._rows.collate_options()
+
+
 def collate_rows(columns: Mapping[str, Any], output: str = "numpy", *,
                  labels: Literal["shifted", "aligned"] = "shifted",
                  attention_mask: bool = False,
@@ -777,8 +838,8 @@ def collate_rows(columns: Mapping[str, Any], output: str = "numpy", *,
     NumPy: ``input_ids``, jagged ``seqlens`` and ``doc_ids``, maybe
     ``loss_mask`` and the Loader's ``padding``) for ``output`` ``"numpy"``,
     ``"torch"`` or ``"jax"``; rows marked ``padding`` get labels -100
-    throughout. Also keeps ``padding`` and ``doc_ids`` (for torch a
-    ``(values, offsets)`` pair of tensors)."""
+    throughout. Also keeps ``padding``, a Mixture's ``source`` and
+    ``doc_ids`` (for torch a ``(values, offsets)`` pair of tensors)."""
     out = varlen_columns(columns["input_ids"], columns["seqlens"], labels=labels,
                          loss_mask=columns.get("loss_mask"), attention_mask=attention_mask,
                          cu_seqlens_size=cu_seqlens_size, jax=output == "jax")
@@ -786,7 +847,9 @@ def collate_rows(columns: Mapping[str, Any], output: str = "numpy", *,
     if padding is not None:
         out["labels"][np.asarray(padding, bool)] = IGNORE_INDEX
         out["padding"] = np.asarray(padding, bool)
-    out = to_output(out, output)
+    if "source" in columns:  # a Mixture's column passes through
+        out["source"] = np.asarray(columns["source"])
+    out = to_output(out, output, keep=("source",))
     doc_ids = columns["doc_ids"]
     assert isinstance(doc_ids, Jagged)
     if output == "torch":

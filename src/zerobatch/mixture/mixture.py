@@ -44,11 +44,11 @@ This is the source-state protocol of :mod:`zerobatch.source`
 (``state_dict`` / ``resumed``); the mixture itself never changes
 (:meth:`Mixture.resumed` returns a new one).
 
-**Packing.** Packed rows (``documents().packed(...)``) are not mixed yet: they
-follow their own plan (row ids encode epoch, window and row, and an epoch's
-row count is known only once it is packed), which a mixture's per-source
-passes would have to drive; ``Mixture`` refuses them with a ValueError. Mix
-windows or documents.
+**Packing.** Packed rows mix as ``packed.mixable()``
+(``zerobatch.packing.MixableRows``: one packing, rows ``0..len-1``; each pass
+permutes the rows, so each pass takes every document exactly once); a
+``PackedRows`` itself follows its own plan and is refused with that hint.
+Packing over a mixture of documents packs one ``Documents`` source.
 
 >>> from zerobatch import Batch
 >>> class Numbers:
@@ -168,10 +168,12 @@ class Mixture:
                 raise ValueError(f"sources[{name!r}] must have __len__ and read(indices) -> "
                                  f"Batch; got {type(source).__name__}")
             if callable(getattr(source, "bind_plan", None)):
+                hint = ("pass its .mixable() (one packing, rows 0..len-1)"
+                        if callable(getattr(source, "mixable", None)) else
+                        "mix windows or documents")
                 raise ValueError(
                     f"sources[{name!r}] is {type(source).__name__}, read through its own plan "
-                    "(row ids are not 0..len-1); a mixture cannot place its rows yet: mix "
-                    "windows or documents")
+                    f"(row ids are not 0..len-1): {hint}")
             if len(source) < 1:
                 raise ValueError(f"sources[{name!r}] has no observations")
         size = (DEFAULT_BLOCK_SIZE if block_size is None
