@@ -1,23 +1,33 @@
-"""Weighted mixtures: start-up, throughput and per-batch proportions against the peers.
+"""Weighted mixtures: start-up, throughput, proportions and large sizes against the peers.
 
-1. Start-up: time and peak memory from nothing to the first batch, for
-   ``10**7`` and ``10**9`` samples over 100 and 2,000 sources: zerobatch's
-   ``Mixture`` + ``Loader`` (first batch of 512) against megatron-core's
-   ``BlendedDataset`` index build (``helpers.build_blending_indices``, the
-   10-byte-per-sample arrays it fills on rank 0 before training). Each case
-   runs in a fresh process; peak memory is tracemalloc's peak (NumPy's
-   buffers included) after the imports.
-2. Throughput: a Loader over a mixture of 100 token-stream datasets against a
-   Loader over one dataset holding the same tokens (windows of 2,048 tokens,
-   batch 64, same threads), tokens/s and the ratio.
+1. Start-up (``--only startup``, the < 50 ms and < 20 MB targets): time and
+   peak memory from the sources to the first batch of 512, for ``10**7`` and
+   ``10**9`` samples over 100 and 2,000 sources: zerobatch's ``Mixture`` +
+   ``Loader`` against megatron-core's ``BlendedDataset`` index build
+   (``helpers.build_blending_indices``, the 10-byte-per-sample arrays it fills
+   on rank 0 before training). Sources: real local token-stream datasets (the
+   one-call read path; opening them is timed apart) and a user's source that
+   holds no data (one read per source present). Each case runs in a fresh
+   process; the Numba kernels' load from their cache (once a process) is
+   done before the clock starts and printed apart; peak memory is
+   tracemalloc's (NumPy's buffers included) less the first batch's arrays.
+2. Throughput (``--only throughput``, the >= 0.9 target): a Loader over a
+   mixture of 100 token-stream datasets against a Loader over one dataset
+   holding the same tokens (windows of 2,048 tokens, batches of 64 and 512,
+   threads 0, 1 and 2), epochs interleaved, best of 5: wall and CPU-time
+   ratios (one / mixture).
 3. Proportion error: per batch of 512, the largest ``|count / 512 - weight|``
    over sources and batches, zerobatch against torchdata's
    ``MultiNodeWeightedSampler`` (random draws) at the same weights.
+4. Large sizes (``--only large``): 10**4 sources of up to 10**12
+   observations, position 10**15: the cost of a lookup, O(sources) for a
+   block's first position, O(1) after.
 
-Run: ``python benchmarks/mixture.py [--megatron-max 100000000] [--quick]``.
-Megatron's build is O(samples * sources) in time and 10 bytes a sample in
-memory; cases with samples * sources above ``--megatron-max`` are extrapolated
-linearly from the largest measured one (printed as such).
+Run: ``python benchmarks/mixture.py [--only startup throughput proportions large]
+[--megatron-max 1000000000] [--quick]``. Megatron's build is O(samples *
+sources) in time and 10 bytes a sample in memory; cases with samples *
+sources above ``--megatron-max`` are extrapolated linearly from the largest
+measured one (printed as such).
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+DOCUMENT_MASKING = ("position_ids", "cu_seqlens", "max_seqlen")
 
 _STARTUP_ZEROBATCH = """
 import json, os, sys, time, tracemalloc
@@ -274,30 +286,72 @@ def proportions(batches: int, batch_size: int, count: int) -> None:
               f"over all {total:,} rows {whole:.6f}")
 
 
+def large(counts: tuple[int, ...] = (100, 1_000, 10_000), position: int = 10**15,
+          repeats: int = 5) -> None:
+    """The order at large sizes: sources of up to 10**12 observations, a
+    position of 10**15. Per source count: building the order, the first
+    lookup in a block never seen (its counts and slots before it: O(sources),
+    and its layout: O(block)), and a step of 512 positions inside a known
+    block (O(1) each). CPU time of this thread, best of ``repeats``."""
+    from zerobatch.mixture import MixtureOrder, Stage
+
+    print(f"\n## 4. large sizes: position {position:.0e}, lengths up to 1e12 (CPU ms, best of "
+          f"{repeats})")
+    print(f"{'sources':>8} | {'build':>8} | {'first lookup (new block)':>24} | "
+          f"{'512 positions, known block':>26} | {'per source (new block)':>22}")
+    for count in counts:
+        rng = np.random.default_rng(count)
+        lengths = rng.integers(1, 10**12, size=count).tolist()
+        weights = {f"s{i}": float(w) for i, w in enumerate(rng.random(count) + 1e-3)}
+        names = list(weights)
+        best = {"build": 1e9, "first": 1e9, "step": 1e9}
+        for r in range(repeats):
+            begin = time.thread_time()
+            order = MixtureOrder(names, lengths, [Stage(0, weights)], seed=r)
+            table = order.table()
+            best["build"] = min(best["build"], time.thread_time() - begin)
+            at = position + r * 4096  # a block no earlier repeat laid out
+            begin = time.thread_time()
+            sources, index, _ = order.observe(np.array([at], dtype=np.int64), table)
+            best["first"] = min(best["first"], time.thread_time() - begin)
+            assert 0 <= index[0] < lengths[int(sources[0])]
+            step = np.arange(at, at + 512, dtype=np.int64)
+            begin = time.thread_time()
+            order.observe(step, table)
+            best["step"] = min(best["step"], time.thread_time() - begin)
+        print(f"{count:>8,} | {best['build'] * 1e3:>8.2f} | {best['first'] * 1e3:>24.3f} | "
+              f"{best['step'] * 1e3:>26.3f} | {best['first'] / count * 1e9:>19.0f} ns")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--megatron-max", type=int, default=2 * 10**10,
+    parser.add_argument("--megatron-max", type=int, default=10**9,
                         help="largest samples * sources Megatron's index is built for "
                              "(above: extrapolated from the largest measured)")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
-    parser.add_argument("--only", nargs="+", default=["startup", "throughput", "proportions"],
-                        choices=["startup", "throughput", "proportions"])
+    parser.add_argument("--only", nargs="+",
+                        default=["startup", "throughput", "proportions", "large"],
+                        choices=["startup", "throughput", "proportions", "large"])
     args = parser.parse_args()
     print(f"nproc={os.cpu_count()} load={os.getloadavg()} date={time.strftime('%Y-%m-%d %H:%M')}")
     if args.quick:
-        startup(10**8, [10**5, 10**6], [100])
-        throughput(2_000_000, 20, 512, 16, 1, ("input_ids", "labels"))
+        startup(10**10, [10**5], [100], ("windows",))
+        throughput(2_000_000, 20, 512, 16, 1, ("input_ids", "labels"), (0,))
         proportions(50, 512, 20)
+        large((100,), repeats=1)
         return
     if "startup" in args.only:
-        startup(args.megatron_max, [10**7, 10**8, 10**9], [100, 2_000])
+        startup(args.megatron_max, [10**7, 10**9], [100, 2_000])
     if "throughput" in args.only:
-        for batch_size, columns in ((64, ("input_ids", "labels")), (512, ("input_ids", "labels")),
-                                    (64, None)):
-            throughput(40_000_000, 100, 2048, batch_size, 3, columns)
+        with tempfile.TemporaryDirectory() as tmp:  # the datasets written once for all cases
+            for batch_size, columns in ((64, ("input_ids", "labels")),
+                                        (512, ("input_ids", "labels")),
+                                        (64, ("input_ids", "labels", *DOCUMENT_MASKING))):
+                throughput(40_000_000, 100, 2048, batch_size, 5, columns, root=Path(tmp))
     if "proportions" in args.only:
         proportions(2_000, 512, 100)
-
+    if "large" in args.only:
+        large()
 
 if __name__ == "__main__":
     main()
