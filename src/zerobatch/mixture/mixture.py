@@ -148,8 +148,11 @@ class Mixture:
         block_size: positions per block (default 1,024; see
             :data:`~zerobatch.mixture.order.DEFAULT_BLOCK_SIZE`).
 
-    Immutable and thread-safe (its sources must be). ``read`` makes one
-    ``read`` call per source present in the indices.
+    Immutable and thread-safe (its sources must be). ``read`` finds every
+    row's source and observation in one kernel call; windows of local
+    token-stream datasets of one layout are then read in one more
+    (:class:`~zerobatch.stream.many.ManyWindows`), other sources with one
+    ``read`` per source present in the indices.
     """
 
     ordered = True
