@@ -3,6 +3,7 @@ source's own read, row by row, for every column set; errors are the sources' own
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +181,10 @@ def test_a_mixture_reads_its_windows_in_one_call(corpora: list[Path]) -> None:
                     _equal(got[name], want[name])
                 else:
                     _equal(got[name], want[name])
+        # a copy (spawn workers) reads the same, its files opened again
+        copy = pickle.loads(pickle.dumps(fast))
+        assert copy._windows() is not None
+        _equal(copy.read(np.arange(64))["input_ids"], fast.read(np.arange(64))["input_ids"])
         # through the Loader, output numpy: the sources' collation (flat cu_seqlens)
         batch = next(iter(Loader(fast, 16, output="numpy")))
         expected = windows["c0"].collate(fast.read(np.arange(16)), "numpy")

@@ -97,7 +97,6 @@ sources read, of the length (or ``max_passes``)."""
 SOURCE_COLUMN = "source"
 _SOURCE_SCHEMA = normalize_column(SOURCE_COLUMN, np.empty(0, np.int32))[1]
 _NO_LIMIT = np.iinfo(np.int64).max  # the pass limit of a source without max_passes
-_UNKNOWN = object()  # Mixture._group before its first use
 
 
 def _int(name: str, value: object, low: int = 1, high: int = MAX_LENGTH) -> int:
@@ -213,7 +212,8 @@ class Mixture:
         self._objects = [sources.get(name) for name in names]
         self._table = self._order.table([self._max_passes.get(name, _NO_LIMIT)
                                          for name in names])
-        self._group: ManyWindows | object | None = _UNKNOWN  # see _windows
+        self._group: ManyWindows | None = None  # see _windows
+        self._group_known = False
         self._checked: set[int] = set()  # sources whose columns matched the reference's
         self._reference: tuple[str, Batch] | None = None  # the first batch read: name, batch
         seq_lens = {getattr(s, "seq_len", None) for s in sources.values()}
@@ -362,9 +362,10 @@ class Mixture:
     def _windows(self) -> ManyWindows | None:
         """The one-call reader of these sources, or None when they are not all
         windows of local datasets of one layout (built on first use)."""
-        if self._group is _UNKNOWN:
+        if not self._group_known:
             self._group = ManyWindows.of(self._objects)
-        return self._group  # type: ignore[return-value]  # resolved above
+            self._group_known = True
+        return self._group
 
     def _read_each(self, idx: npt.NDArray[np.int64], sources: npt.NDArray[np.int64],
                    index: npt.NDArray[np.int64]) -> Batch:

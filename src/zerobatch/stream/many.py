@@ -97,6 +97,9 @@ class ManyWindows:
         self._docs: Any = None
         self._lock = threading.Lock()
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return ManyWindows, (self._sources,)  # the copy opens its files again
+
     @classmethod
     def of(cls, sources: Sequence[Any]) -> ManyWindows | None:
         """A ``ManyWindows`` over ``sources`` (None entries are sources that
