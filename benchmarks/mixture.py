@@ -64,6 +64,7 @@ class Source:
 
 size, count, kind, root, memory = sys.argv[1:6]
 size, count, memory = int(size), int(count), memory == "memory"
+sources_bytes = 0
 rng = np.random.default_rng(0)
 weights = rng.random(count) + 0.01
 names = [f"source-{i}" for i in range(count)]
@@ -87,12 +88,16 @@ else:
     lengths = (size * weights / weights.sum()).astype(np.int64) + 1
     sources = {n: Source(int(k)) for n, k in zip(names, lengths)}
 opened, opened_cpu = time.perf_counter(), time.process_time()
+if memory:  # the sources' own memory (2,000 opened datasets: ~10 KiB each) apart
+    sources_bytes = tracemalloc.get_traced_memory()[0]
+    tracemalloc.reset_peak()
 mixture = Mixture(sources, dict(zip(names, weights.tolist())), length=size, seed=1)
 batch = next(iter(Loader(mixture, 512, output="numpy", num_threads=0)))
 end, end_cpu = time.perf_counter(), time.process_time()
 print(json.dumps({"open": opened - start, "open_cpu": opened_cpu - start_cpu,
                   "seconds": end - opened, "cpu": end_cpu - opened_cpu,
-                  "peak": tracemalloc.get_traced_memory()[1] if memory else 0,
+                  "peak": tracemalloc.get_traced_memory()[1] - sources_bytes if memory else 0,
+                  "sources_bytes": sources_bytes if memory else 0,
                   "batch": sum(v.nbytes for v in batch.values() if hasattr(v, "nbytes")),
                   "kernels": kernels, "import": imported}))
 """
@@ -145,9 +150,10 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
             kinds: tuple[str, ...] = ("windows", "noop")) -> None:
     """Start-up to the first batch of 512 (``Loader(num_threads=0)``: nothing
     read ahead), each case in a fresh process (the Numba kernels loaded before
-    the clock starts, and reported apart); time and peak memory (tracemalloc,
-    less the first batch's own arrays: 16 MiB of tokens for windows) in two
-    runs, as tracemalloc slows Python. Megatron's smallest size is always
+    the clock starts, and reported apart); time and peak memory (tracemalloc:
+    from the opened sources to the first batch, less the first batch's own
+    arrays, 16 MiB of tokens for windows; the opened sources' own memory is
+    printed apart) in two runs, as tracemalloc slows Python. Megatron's smallest size is always
     measured for each source count (the base of the extrapolation)."""
     print("## 1. start-up to the first batch of 512 (fresh process each; ms wall / CPU)")
     print("   windows: real local datasets (open = open_dataset of each, apart); noop: a "
@@ -174,12 +180,14 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
                     ours = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "time")
                     memory = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "memory")
                     peak = memory["peak"] - memory["batch"]  # the mixture's, not the tokens
+                    opened = memory["sources_bytes"] / 2**20
                     print(f"{size:>14,} {count:>8,} {kind:>8} | {ours['open'] * 1e3:>8.1f} | "
                           f"{ours['seconds'] * 1e3:>12.1f} {ours['cpu'] * 1e3:>7.1f} "
                           f"{peak / 2**20:>6.2f} | {theirs['seconds'] * 1e3:>11.0f} "
                           f"{theirs['peak'] / 2**20:>7.0f} | "
                           f"{theirs['seconds'] / ours['seconds']:>6.0f} | "
-                          f"{ours['kernels'] * 1e3:.0f}, {ours['import'] * 1e3:.0f}{note}")
+                          f"{ours['kernels'] * 1e3:.0f}, {ours['import'] * 1e3:.0f}; sources "
+                          f"{opened:.1f} MiB{note}")
 
 
 def _write(folder: Path, tokens: np.ndarray) -> None:
