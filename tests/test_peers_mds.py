@@ -276,3 +276,20 @@ def test_any_window_equals_mds_tokens(mds, seq_len, stride, data):
         at = np.array(picks)[:, None] * stride + np.arange(seq_len)
         np.testing.assert_array_equal(batch["input_ids"], tokens[at])
         np.testing.assert_array_equal(batch["labels"], tokens[at + 1])
+
+
+def test_cli_inspect_and_verify(mds, tmp_path, capsys):
+    folder, _ = mds["mixed"]
+    assert main(["inspect", str(folder)]) == 0
+    assert "mds" in capsys.readouterr().out
+    assert main(["verify", str(folder)]) == 0
+    assert "OK" in capsys.readouterr().out
+    bad, index = _copy(mds, "plain", tmp_path)
+    path, good = _shard(bad, index, 1)
+    start = int.from_bytes(good[4:8], "little")
+    raw = bytearray(good)
+    raw[start + 4] = 3 << 2 | (raw[start + 4] & 3)  # sample 0's shape header: 3-D
+    path.write_bytes(bytes(raw))
+    assert main(["verify", str(bad)]) == 1  # opens; verify reads every sample's header
+    out = capsys.readouterr().out
+    assert path.name in out and "samples[0].tokens" in out
