@@ -137,7 +137,7 @@ def test_column_option_and_copy(mds, tmp_path):
 
 
 def test_from_s3(mds, s3):
-    for name in ("plain", "fixed"):
+    for name in ("plain", "mixed", "fixed"):
         folder, _ = mds[name]
         url = upload(folder, s3)
         with open_dataset(folder) as local, \
