@@ -25,8 +25,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch.peers._kernels import piece_tables
 from zerobatch.stream import _kernels as k
-from zerobatch.stream._tables import typed_tables
 from zerobatch.stream.index import ShardError
 from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE
 from zerobatch.stream.ranged import IndexView
@@ -162,43 +162,42 @@ class PeerIndex:
         same = np.zeros(values.shape[0], bool)  # an empty document starts here
         same[:-1] = values[1:] == values[:-1]
         same[ends - 1] = False  # the next table's first offset is not this table's
-        tables = np.split(values, ends[:-1]) if ends.size else []
         virtual = pieces.copy()
         virtual[:, k.SHARD] = np.arange(pieces.shape[0])
-        out_tables = [_EMPTY] * pieces.shape[0]
+        bounds = np.zeros((2, pieces.shape[0]), np.int64)  # each piece's table in values
+        bounds[0, live], bounds[1, live] = ends - counts, ends
         out_starts = np.zeros(pieces.shape[0], np.int64)
-        for j, p in enumerate(live.tolist()):
-            out_tables[p] = tables[j]
         out_starts[live] = starts[s] + first
         if same.any():
             split = np.unique(owner[same])
-            virtual, shards, out_tables, out_starts = self._split(
-                pieces, shards, virtual, out_tables, out_starts, dict(zip(
-                    live[split].tolist(), split.tolist(), strict=True)), tables, starts[s] + first)
+            virtual, shards, bounds, out_starts = self._split(
+                pieces, shards, virtual, bounds, out_starts, values,
+                dict(zip(live[split].tolist(), (starts[s] + first)[split].tolist(), strict=True)))
         return IndexView(virtual, shards, self._records[shards],
-                         typed_tables(out_tables, _EMPTY), out_starts, None,
+                         piece_tables(values, bounds[0], bounds[1], _EMPTY), out_starts, None,
                          np.zeros(shards.shape[0], np.int64), None, None, None)
 
     @staticmethod
     def _split(
         pieces: npt.NDArray[np.int64], shards: npt.NDArray[np.int64],
-        virtual: npt.NDArray[np.int64], out_tables: list[np.ndarray],
-        out_starts: npt.NDArray[np.int64], split: dict[int, int], tables: list[np.ndarray],
-        first_ids: npt.NDArray[np.int64],
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], list[np.ndarray],
+        virtual: npt.NDArray[np.int64], bounds: npt.NDArray[np.int64],
+        out_starts: npt.NDArray[np.int64], values: npt.NDArray[np.uint64],
+        split: dict[int, int],
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64],
                npt.NDArray[np.int64]]:
-        """The pieces with each one of ``split`` (piece -> its live position)
-        cut at the start of every non-empty document of its table, each part
-        with that document's two offsets. A table that goes backwards is left
-        whole, for the kernels to report."""
-        rows, row_shards, row_tables, row_starts = [], [], [], []
+        """The pieces with each one of ``split`` (piece -> the global id of its
+        table's first document) cut at the start of every non-empty document
+        of its table, each part with that document's two offsets (``bounds``:
+        where each piece's table lies in ``values``). A table that goes
+        backwards is left whole, for the kernels to report."""
+        rows, row_shards, row_bounds, row_starts = [], [], [], []
         for p in range(pieces.shape[0]):
-            j = split.get(p)
-            table = tables[j] if j is not None else None
-            if table is None or (np.diff(table.astype(np.int64)) < 0).any():
+            lo, hi = int(bounds[0, p]), int(bounds[1, p])
+            table = values[lo:hi]
+            if p not in split or (np.diff(table.astype(np.int64)) < 0).any():
                 rows.append(virtual[p])
                 row_shards.append(shards[p])
-                row_tables.append(out_tables[p])
+                row_bounds.append((lo, hi))
                 row_starts.append(out_starts[p])
                 continue
             obs, start, length, dest = (int(pieces[p, c]) for c in (k.OBS, k.START, k.LENGTH,
@@ -212,11 +211,12 @@ class PeerIndex:
                 row[k.DEST] = dest + begin - start
                 rows.append(row)
                 row_shards.append(shards[p])
-                row_tables.append(table[d:d + 2])
-                row_starts.append(int(first_ids[j]) + d)
+                row_bounds.append((lo + d, lo + d + 2))
+                row_starts.append(split[p] + d)
         out = np.array(rows, np.int64).reshape(-1, pieces.shape[1])
         out[:, k.SHARD] = np.arange(out.shape[0])
-        return (out, np.array(row_shards, np.int64), row_tables,
+        return (out, np.array(row_shards, np.int64),
+                np.array(row_bounds, np.int64).reshape(-1, 2).T.copy(),
                 np.array(row_starts, np.int64))
 
     def plan_documents(
