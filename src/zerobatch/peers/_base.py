@@ -117,8 +117,10 @@ def read_at(storage: Storage, name: str, offset: int, count: int, *, path: str |
 class PeerFiles(ABC):
     """A peer format's view of its files, built by opening them (headers and
     sizes only). Subclasses set ``format``, ``dtype`` and ``shards`` in their
-    constructor and give each shard's document offsets (``docs``) and a whole
-    check (``problems``)."""
+    constructor and give each shard's document offsets whole (``_documents``,
+    for ``docs``, ``problems`` and ``verify``) and, where the format has a
+    table to search, per lookup (``locate`` and ``offsets``, which reads use;
+    the defaults derive the whole table once)."""
 
     format: str
     dtype: np.dtype
