@@ -76,17 +76,28 @@ def _build() -> None:
     if check.returncode:
         raise RuntimeError(f"the MDS test environment at {VENV} does not import streaming: "
                            f"{check.stderr.strip()[-2000:]}")
-    STAMP.write_text(STREAMING + "\n")
+    STAMP.write_text(_stamp())
+
+
+def _stamp() -> str:
+    """What the stamp holds: the package and the project environment whose
+    torch the ``.pth`` borrows (a moved project environment rebuilds it)."""
+    return f"{STREAMING}\n{sysconfig.get_paths()['purelib']}\n"
+
+
+def _built() -> bool:
+    return STAMP.exists() and STAMP.read_text() == _stamp()
 
 
 def python() -> Path:
-    """The environment's interpreter, built first when its stamp is missing
-    (one process at a time: a lock file beside it)."""
-    if not STAMP.exists():
+    """The environment's interpreter, built first when its stamp is missing or
+    names another project environment (one process at a time: a lock file
+    beside it)."""
+    if not _built():
         VENV.parent.mkdir(parents=True, exist_ok=True)
         with open(VENV.parent / "mds.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if not STAMP.exists():
+            if not _built():
                 _build()
     return _bin("python")
 
