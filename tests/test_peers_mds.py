@@ -32,6 +32,9 @@ DATASETS = {
     # the token column after a fixed and a variable column (two size prefixes)
     "mixed": ({"id": "int64", "text": "str", "tokens": "ndarray:int32"}, 2000, "tokens", "<i4",
               [5, 1, 260, 17, 80, 2, 44, 9, 300, 61, 3, 128]),
+    # llm-foundry's older layout: int64 tokens as bytes (dtype= given), empty samples too
+    "bytes": ({"n": "int32", "tokens": "bytes"}, 900, "tokens", "<i8",
+              [30, 0, 1, 70, 0, 12, 200, 5]),
     # a fixed shape, every column fixed: no table read at opening
     "fixed": ({"input_ids": "ndarray:uint32:16", "k": "uint8"}, 700, "input_ids", "<u4",
               [16] * 30),
@@ -69,7 +72,7 @@ def mds(tmp_path_factory):
         jobs["write"].append({"out": str(root / name), "columns": columns, "size_limit": limit,
                               "npz": str(root / f"{name}.npz"), "samples": len(lengths)})
         jobs["read"].append({"dir": str(root / name), "column": column,
-                             "out": str(root / f"{name}.read.npz")})
+                             "out": str(root / f"{name}.read.npz"), "dtype": DATASETS[name][3]})
     # MDSWriter's own 2-D samples (ndarray:uint16 takes any shape): refused.
     np.savez(root / "two.npz", **{"tokens.0": np.arange(6, dtype="<u2"),
                                   "tokens.1": np.arange(600, dtype="<u2").reshape(2, 300)})
@@ -84,12 +87,13 @@ def mds(tmp_path_factory):
     return found
 
 
-@pytest.mark.parametrize("name", ["plain", "mixed", "fixed"])
+@pytest.mark.parametrize("name", ["plain", "mixed", "fixed", "bytes"])
 def test_windows_and_documents_equal_mds_reader(mds, name):
     folder, samples = mds[name]
     _, _, _, dtype, lengths = DATASETS[name]
     assert [len(s) for s in samples] == lengths
-    with open_dataset(folder) as ds:
+    options = {"dtype": "int64"} if name == "bytes" else {}
+    with open_dataset(folder, **options) as ds:
         assert isinstance(ds, PeerDataset) and ds.format == "mds"
         assert ds.files.dtype == np.dtype(dtype) and len(ds.files.shards) > 1
         if name == "plain":
@@ -134,6 +138,13 @@ def test_column_option_and_copy(mds, tmp_path):
         open_dataset(folder, format="mds", column="text")
     with pytest.raises(ValueError, match="not a column"):
         open_dataset(folder, format="mds", column="nope")
+    with pytest.raises(FormatError, match="dtype= reads a bytes column"):
+        open_dataset(folder, format="mds", dtype="int32")  # mixed has no bytes column
+    tokens_as_bytes, _ = mds["bytes"]
+    with pytest.raises(FormatError, match="with dtype= for tokens stored as bytes"):
+        open_dataset(tokens_as_bytes)
+    with pytest.raises(ValueError, match="integer dtype"):
+        open_dataset(tokens_as_bytes, dtype="float32")
 
 
 def test_from_s3(mds, s3):

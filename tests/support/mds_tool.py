@@ -5,7 +5,8 @@ datasets with mosaicml-streaming's ``MDSWriter`` and dumps what its
 ``python mds_tool.py jobs JOBS.json`` runs, in order, each ``write``
 (``{"out", "columns", "size_limit", "npz", "samples"}``: sample ``i``'s
 column ``c`` is ``npz[f"{c}.{i}"]``) and each ``read`` (``{"dir", "column",
-"out"}``: sample ``i``'s column saved as ``out[f"{i}"]``, in order).
+"out", "dtype"}``: sample ``i``'s column saved as ``out[f"{i}"]``, in order; a
+``bytes`` value as an array of ``dtype``).
 ``corpus`` jobs (``{"out", "column", "tokens", "ends", "size_limit"}``: one
 sample per document, ``tokens`` an ``.npy`` of every token and ``ends`` one of
 each document's end) write a benchmark corpus.
@@ -61,7 +62,12 @@ def read(job: dict) -> None:
     from streaming import StreamingDataset
 
     ds = StreamingDataset(local=job["dir"], shuffle=False, batch_size=1)
-    np.savez(job["out"], **{str(i): np.asarray(ds[i][job["column"]]) for i in range(len(ds))})
+
+    def value(i: int) -> np.ndarray:
+        got = ds[i][job["column"]]  # a bytes column: its bytes as the job's dtype
+        return np.frombuffer(got, job["dtype"]) if isinstance(got, bytes) else np.asarray(got)
+
+    np.savez(job["out"], **{str(i): value(i) for i in range(len(ds))})
 
 
 def _rss(key: str) -> int:

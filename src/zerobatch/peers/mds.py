@@ -19,6 +19,9 @@ token column ``ndarray:<dtype>``
     ``<u1 ndim << 2 | c`` (``c``: 0 u1, 1 u2, 2 u4, 3 u8 for the shape), the
     shape (``ndim`` of those), then the values, little-endian. With a fixed
     shape (``ndarray:<dtype>:<d0,d1,…>``) only the values.
+token column ``bytes`` with ``dtype=``
+    The values alone (llm-foundry's older ``{"tokens": "bytes"}`` of
+    ``ndarray.tobytes()``); the dtype is not recorded, so the caller gives it.
 
 Each sample is one document; its tokens are its token column's values
 (flattened in C order), so a shard's tokens are pieces of the file, one per
@@ -111,6 +114,7 @@ class _Layout:
     shape: tuple[int, ...] | None  # fixed shape, or None (a header per sample)
     sizes: tuple[int | None, ...]  # each column's fixed size, or None
     variable: tuple[int, ...]  # the columns with a size prefix, in order
+    raw: bool = False  # a bytes column (dtype= given): no shape header
 
     @property
     def before(self) -> int:
@@ -153,17 +157,18 @@ class _Global:
 
 class MDSFiles(PeerFiles):
     """The shards of an MDS dataset with an integer ``ndarray`` token column
-    (see the module docstring). Option ``column=``: the token column, when
-    there is more than one integer ``ndarray`` column."""
+    (see the module docstring). Options: ``column=``, the token column when
+    there is more than one integer ``ndarray`` column; ``dtype=``, to read a
+    ``bytes`` column as tokens of that dtype."""
 
     format = "mds"
     scattered = True
 
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         super().__init__(location, options)
-        unknown = set(options) - {"column"}
+        unknown = set(options) - {"column", "dtype"}
         if unknown:
-            raise TypeError(f"MDS takes only column=, got {sorted(unknown)}")
+            raise TypeError(f"MDS takes only column= and dtype=, got {sorted(unknown)}")
         self._where = _index_path(location)
         raw = read_index(location)
         if not isinstance(raw, dict) or not isinstance(raw.get("shards"), list):
@@ -171,7 +176,7 @@ class MDSFiles(PeerFiles):
         if raw.get("version") != 2:
             raise self._fail(f"expected version 2, found {raw.get('version')!r:.80}", "version")
         entries: list[Any] = raw["shards"]
-        self._layout = self._choose(entries, options.get("column"))
+        self._layout = self._choose(entries, options.get("column"), options.get("dtype"))
         self.dtype = self._layout.dtype
         names = set(location.names)
         self._lock = threading.Lock()
@@ -199,11 +204,11 @@ class MDSFiles(PeerFiles):
     def _fail(self, message: str, field: str) -> FormatError:
         return FormatError(message, path=self._where, field=field)
 
-    def _choose(self, entries: list[Any], column: Any) -> _Layout:
+    def _choose(self, entries: list[Any], column: Any, dtype: Any) -> _Layout:
         """The token column's layout, the same in every shard."""
         layout: _Layout | None = None
         for i, entry in enumerate(entries):
-            found = self._layout_of(i, entry, column)
+            found = self._layout_of(i, entry, column, dtype)
             if layout is not None and found != layout:
                 raise self._fail("columns differ from shards[0]'s; MDS writes one set of "
                                  "columns per dataset", f"shards[{i}].column_encodings")
@@ -212,7 +217,7 @@ class MDSFiles(PeerFiles):
             raise self._fail("no shards", "shards")
         return layout
 
-    def _layout_of(self, i: int, entry: Any, column: Any) -> _Layout:
+    def _layout_of(self, i: int, entry: Any, column: Any, raw: Any) -> _Layout:
         where = f"shards[{i}]"
         if not isinstance(entry, dict):
             raise self._fail("expected an object", where)
@@ -238,6 +243,8 @@ class MDSFiles(PeerFiles):
                                      or size < 0 or size >= 1 << 32):
                 raise self._fail(f"expected null or a size in bytes, found {size!r:.40}",
                                  f"{where}.column_sizes[{c}]")
+        if raw is not None:  # tokens as the bytes of an array (llm-foundry's older writer)
+            return self._bytes_layout(where, names, encodings, sizes, column, raw)
         tokens = [c for c, e in enumerate(encodings)
                   if e.split(":")[0] == "ndarray" and e.split(":")[1:2] != []
                   and e.split(":")[1] in VALUE_DTYPES]
@@ -249,11 +256,13 @@ class MDSFiles(PeerFiles):
             if position not in tokens:
                 raise self._fail(f"column {column!r} is {encodings[position]!r:.60}; tokens are "
                                  "read from an ndarray of an integer dtype (ndarray:uint16, "
-                                 "ndarray:int32, ...)", f"{where}.column_encodings")
+                                 "ndarray:int32, ...), or from a bytes column with dtype=",
+                                 f"{where}.column_encodings")
         elif len(tokens) != 1:
             what = ", ".join(f"{names[c]} ({encodings[c]})" for c in tokens) or "none"
             raise self._fail(f"expected one ndarray column of an integer dtype, found {what}: "
-                             "pass column= to name the token column",
+                             "pass column= to name the token column (with dtype= for tokens "
+                             "stored as bytes)",
                              f"{where}.column_encodings")
         else:
             position = tokens[0]
@@ -277,14 +286,48 @@ class MDSFiles(PeerFiles):
             raise self._fail(f"expected ndarray:<dtype> with a null size or "
                              f"ndarray:<dtype>:<shape>, found {encodings[position]!r:.60} of "
                              f"size {sizes[position]!r:.40}", f"{where}.column_encodings")
+        self._check_fixed(where, names, encodings, sizes)
+        return _Layout(names[position], position, dtype, shape, tuple(sizes),
+                       tuple(c for c, s in enumerate(sizes) if s is None))
+
+    def _check_fixed(self, where: str, names: list[str], encodings: list[str],
+                     sizes: list[Any]) -> None:
         for c, encoding in enumerate(encodings):
             known = _FIXED.get(encoding)
             if known is not None and sizes[c] != known:
                 raise self._fail(f"column {names[c]!r} ({encoding}) has {known} bytes, "
                                  f"column_sizes gives {sizes[c]!r:.40}",
                                  f"{where}.column_sizes[{c}]")
-        return _Layout(names[position], position, dtype, shape, tuple(sizes),
-                       tuple(c for c, s in enumerate(sizes) if s is None))
+
+    def _bytes_layout(self, where: str, names: list[str], encodings: list[str],
+                      sizes: list[Any], column: Any, raw: Any) -> _Layout:
+        """A ``bytes`` token column read as an array of ``dtype=`` (no header:
+        a sample's tokens are its bytes)."""
+        dtype = VALUE_DTYPES.get(np.dtype(raw).name) if isinstance(raw, str | type | np.dtype) \
+            else None
+        if dtype is None:
+            raise ValueError(f"dtype= must be an integer dtype ({', '.join(VALUE_DTYPES)}), "
+                             f"got {raw!r}")
+        found = [c for c, e in enumerate(encodings) if e == "bytes"]
+        if column is not None:
+            if column not in names:
+                raise ValueError(f"column={column!r} is not a column of {self._where} "
+                                 f"(columns: {', '.join(names)})")
+            position = names.index(column)
+            if position not in found:
+                raise self._fail(f"dtype= reads a bytes column; {column!r} is "
+                                 f"{encodings[position]!r:.60}", f"{where}.column_encodings")
+        elif len(found) != 1:
+            raise self._fail(f"dtype= reads a bytes column; found {len(found)}: pass column= "
+                             "to name it", f"{where}.column_encodings")
+        else:
+            position = found[0]
+        if sizes[position] is not None:
+            raise self._fail(f"expected a null size for a bytes column, found "
+                             f"{sizes[position]!r:.40}", f"{where}.column_sizes")
+        self._check_fixed(where, names, encodings, sizes)
+        return _Layout(names[position], position, dtype, None, tuple(sizes),
+                       tuple(c for c, s in enumerate(sizes) if s is None), raw=True)
 
     def _shard_file(self, i: int, entry: dict[str, Any], names: set[str]) -> str:
         where = f"shards[{i}]"
@@ -440,6 +483,15 @@ class MDSFiles(PeerFiles):
         if layout.shape is not None:
             count = np.full(n, int(np.prod(layout.shape)), np.int64)
             headers = np.zeros(n, np.int64)
+        elif layout.raw:
+            count, headers = column_bytes // itemsize, np.zeros(n, np.int64)
+            wrong = np.flatnonzero(column_bytes % itemsize)
+            if wrong.size:
+                j = int(wrong[0])
+                raise FormatError(
+                    f"sample {j}'s {layout.column!r} has {int(column_bytes[j])} bytes: not a "
+                    f"whole number of {layout.dtype.name} tokens", path=path,
+                    field=f"samples[{j}].{layout.column}")
         else:
             count, headers = _one_dimensional(column_bytes, itemsize)
             wrong = np.flatnonzero(count < 0)
@@ -654,7 +706,8 @@ class MDSFiles(PeerFiles):
 
     def facts(self) -> list[tuple[str, str]]:
         layout = self._layout
-        shape = "dynamic (1-D)" if layout.shape is None else str(layout.shape)
+        shape = ("bytes, dtype= given" if layout.raw else "dynamic (1-D)"
+                 if layout.shape is None else str(layout.shape))
         return [("shards", f"{len(self._files):,}"),
                 ("samples", f"{sum(self._samples):,}"),
                 ("token column", f"{layout.column} ({layout.dtype.name}, shape {shape})")]
