@@ -187,7 +187,7 @@ def _loader_threads() -> int:
     return sum(t.name.startswith("zerobatch-loader") for t in threading.enumerate())
 
 
-def test_threads_do_not_leak_and_close_is_fast(windows):
+def test_threads_do_not_leak_and_close_joins_them(windows):
     gc.collect()
     baseline = _loader_threads()
     for i in range(200):
@@ -204,14 +204,20 @@ def test_threads_do_not_leak_and_close_is_fast(windows):
     loader = Loader(windows, 8, prefetch=8, num_threads=2, output="batch")
     it = iter(loader)
     next(it)
-    start = time.monotonic()
+    threads = list(loader._threads._threads)
+    assert len(threads) == 2 and all(t.is_alive() for t in threads)
     loader.close()
-    loader.close()
-    assert time.monotonic() - start < 1.0
+    assert not any(t.is_alive() for t in threads)  # joined by close(), not left to die
+    assert loader._threads is None
+    loader.close()  # idempotent
     assert _loader_threads() == baseline
-    with Loader(windows, 8, output="batch") as inner:
+    with pytest.raises(StopIteration):
+        next(it)  # the closed pass ends
+    with Loader(windows, 8, output="batch", num_threads=1) as inner:
         it = iter(inner)
         next(it)
+        threads = list(inner._threads._threads)
+    assert not any(t.is_alive() for t in threads)
     assert _loader_threads() == baseline
 
 

@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["Readers"]
+__all__ = ["Readers", "Waits"]
 
 _Outcome = tuple[Any, Any, BaseException | None]  # (step as the steps give it, item, error)
 _ENDED = object()  # Readers._claim: the pass has ended
 _FIRST_PAUSE = 20e-6  # seconds a reader thread with no free slot first sleeps, doubling ...
 _LAST_PAUSE = 0.02  # ... up to this
+WINDOW = 8  # steps per Waits decision
 
 
 class Readers:
@@ -163,3 +165,51 @@ class Readers:
             for lock in self._filled:
                 if lock.locked():
                     lock.release()
+
+
+class Waits:
+    """Whether a caller reading its own steps should hand them to a reader
+    thread: the Loader's automatic mode (``num_threads=None``) asks after
+    every step it read in the caller's thread.
+
+    A thread pays when the caller, between its ``next()`` calls, waits without
+    running (a GPU, a sleep, I/O: time away on the wall clock but not on the
+    thread's CPU clock) at least as long as its reads take: a thread then reads
+    during that wait. While the caller is input-bound (it comes straight back)
+    or busy on its own CPU (Python holding the GIL, which a reader thread would
+    fight for), reading in its own thread is the fastest: a thread's hand-over
+    costs more than the read it hides (BENCHMARKS.md, the Loader's overlap
+    section). Decided per window of ``WINDOW`` steps: a window votes for a
+    thread when at least 3/4 of its steps waited as long as their read (so one
+    preemption on a loaded machine, or a garbage collection, is not a wait),
+    and two windows in a row move the reads. Cost: two ``perf_counter`` and
+    two ``thread_time`` calls a step (under 1 us). Not thread-safe: the
+    caller's thread alone calls it.
+    """
+
+    def __init__(self) -> None:
+        self._left: tuple[float, float] | None = None  # (wall, thread CPU) at the last step
+        self._waited = 0.0  # seconds the caller was away and not running before this read
+        self._steps = 0  # steps in this window
+        self._votes = 0  # steps of this window that waited as long as their read
+        self._windows = 0  # windows in a row that voted for a thread
+
+    def begin(self) -> float:
+        """Mark the start of a read (the caller is back); returns the wall clock."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        left = self._left
+        self._waited = 0.0 if left is None else (wall - left[0]) - (cpu - left[1])
+        return wall
+
+    def end(self, began: float) -> bool:
+        """Mark the end of the read begun at ``began``; True once a reader
+        thread would hide the reads (see the class docstring)."""
+        wall = time.perf_counter()
+        self._left = (wall, time.thread_time())
+        self._votes += self._waited >= wall - began
+        self._steps += 1
+        if self._steps < WINDOW:
+            return False
+        self._windows = self._windows + 1 if 4 * self._votes >= 3 * WINDOW else 0
+        self._steps = self._votes = 0
+        return self._windows >= 2

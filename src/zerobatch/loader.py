@@ -7,8 +7,16 @@ observations this rank reads at each step, runs ``source.read`` (and the
 optional ``transform``, and the conversion to the output) on ``num_threads``
 background threads with up to ``prefetch`` steps in flight, and yields the
 steps in order. A caller that would wait for a step not yet read reads a
-later one itself meanwhile, so an input-bound loop gets one more reader and
-is never slower than reading in the caller's thread alone.
+later one itself meanwhile.
+
+By default (``num_threads=None``) the loader chooses: a source whose reads
+never wait (``reads_wait = False``: local, memory-mapped files) read to CPU
+output is read in the caller's thread, tens of microseconds a batch, and
+moves to one reader thread once the caller is seen waiting between steps (a
+GPU, I/O) at least as long as the reads take
+(:class:`zerobatch._readers.Waits`); any other source (object storage, a
+service, a user's own), a device or JAX output, or a ``transform`` gets one
+reader thread from the start.
 
 The sequence of batches depends only on (source, seed, epoch, batch_size,
 rank, world_size, shuffle, drop_last, block_size): never on ``num_threads`` or
@@ -38,7 +46,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from zerobatch._readers import Readers
+from zerobatch._readers import Readers, Waits
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan, Planned, Position
 from zerobatch.source import (
@@ -160,6 +168,13 @@ class Loader:
         num_threads: reader threads (0: read in the caller's thread). While
             the next step is not ready and at most ``prefetch`` are in flight,
             the caller's thread reads the next unclaimed step itself.
+            None (default): automatic. Reads in the caller's thread when the
+            source says its reads never wait (``reads_wait`` False: local
+            files; tens of microseconds a batch, which a thread's hand-over
+            would double) and the output stays on the CPU with no
+            ``transform``; moves to one reader thread for the rest of the pass
+            once the caller waits between steps (GPU, I/O) at least as long
+            as its reads take. Otherwise one reader thread from the start.
         drop_last: skip the epoch's tail (True) or pad the last step and add a
             boolean ``padding`` column (False). Every rank runs the same steps.
         output: ``"torch"`` (dict of tensors sharing the batch's memory),
@@ -194,7 +209,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         prefetch: int = 2,
-        num_threads: int = 1,
+        num_threads: int | None = None,
         drop_last: bool = True,
         output: Literal["torch", "numpy", "batch"] | Output = "torch",
         epochs: int | None = 1,
@@ -215,8 +230,12 @@ class Loader:
             raise ValueError(f"output must be one of {OUTPUTS} or an object with ranks() and "
                              f"bind(plan, source), got {type(output).__name__}")
         for name, value in (("prefetch", prefetch), ("num_threads", num_threads)):
+            if value is None and name == "num_threads":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+                raise ValueError(f"{name} must be an int >= 0"
+                                 f"{' or None (automatic)' if name == 'num_threads' else ''}, "
+                                 f"got {value!r}")
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int)
                                    or epochs < 1):
             raise ValueError(f"epochs must be an int >= 1 or None, got {epochs!r}")
@@ -362,6 +381,26 @@ class Loader:
         iterator = _Iterator(self)
         self._iterator = weakref.ref(iterator)
         return iterator
+
+    @property
+    def num_threads(self) -> int | None:
+        """Reader threads asked for (None: automatic, see the class docstring)."""
+        return self._num_threads
+
+    def _reader_threads(self) -> int | None:
+        """Reader threads a new pass starts with; None: the caller's thread,
+        watching for waits that a thread would hide (``Waits``)."""
+        if self._prefetch == 0:
+            return 0
+        if self._num_threads is not None:
+            return self._num_threads
+        output = self._output
+        on_cpu = isinstance(output, str) or (
+            getattr(output, "device", 0) is None and getattr(output, "pin_memory", True) is False)
+        if (getattr(self._source, "reads_wait", True) is not False or not on_cpu
+                or self._transform is not None):
+            return 1
+        return None
 
     def produce(self, epoch: int, consumed: int) -> Any:
         """This rank's output for the step ``(epoch, consumed)``: read (with the
@@ -515,13 +554,20 @@ class _Iterator:
         self._steps = loader._position.planned(loader._epochs, loader._rank)
         self._readers: Readers | None = None
         self._finalizer: Any = None
-        if loader._prefetch > 0 and loader._num_threads > 0:
-            # The threads must not hold the iterator (see Readers): produce through the loader.
-            self._readers = Readers(functools.partial(_produce, loader), self._steps,
-                                     loader._prefetch, loader._num_threads)
-            self._finalizer = weakref.finalize(self, self._readers.stop, wait=False)
-            loader._threads = self._readers
+        threads = loader._reader_threads()
+        self._waits = Waits() if threads is None else None  # automatic: caller first
+        if threads:
+            self._start(threads)
         self._done = False
+
+    def _start(self, threads: int) -> None:
+        """Hand the steps not yet produced to ``threads`` reader threads."""
+        loader = self._loader
+        # The threads must not hold the iterator (see Readers): produce through the loader.
+        self._readers = Readers(functools.partial(_produce, loader), self._steps,
+                                 loader._prefetch, threads)
+        self._finalizer = weakref.finalize(self, self._readers.stop, wait=False)
+        loader._threads = self._readers
 
     def __iter__(self) -> _Iterator:
         return self
@@ -531,10 +577,15 @@ class _Iterator:
             raise StopIteration
         try:
             if self._readers is None:
+                waits = self._waits
+                began = 0.0 if waits is None else waits.begin()
                 planned = next(self._steps, None)
                 if planned is None:
                     raise StopIteration
                 item = _produce(self._loader, planned)
+                if waits is not None and waits.end(began):  # the caller waits: a thread reads
+                    self._waits = None
+                    self._start(1)
             else:
                 outcome = self._readers.take()
                 if outcome is None:

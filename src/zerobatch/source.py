@@ -45,7 +45,10 @@ class Source(Protocol):
 
     A source may also offer ``fingerprint`` (a str identifying its data, e.g. a
     manifest checksum); the loader stores it in its state and refuses to
-    resume on a source with another fingerprint.
+    resume on a source with another fingerprint. A source with ``reads_wait =
+    False`` says its reads never wait on I/O beyond local files (tens of
+    microseconds): the Loader's automatic ``num_threads`` reads it in the
+    caller's thread; without it, a source gets a reader thread.
     """
 
     def __len__(self) -> int: ...

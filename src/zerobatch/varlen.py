@@ -15,7 +15,7 @@ name                shape, dtype      meaning
 ==================  ================  ==========================================
 ``input_ids``       [B, seq_len]      tokens; padding is ``pad_id`` (0)
 ``labels``          [B, seq_len]      see below; -100 where no loss is taken
-``position_ids``    [B, seq_len] i64  0, 1, ... restarting at every segment
+``position_ids``    [B, seq_len] i32  0, 1, ... restarting at every segment
 ``cu_seqlens``      [S + 1] int32     ONE flat array over the flattened batch
                                       (``B * seq_len`` tokens): segment ``s``
                                       is tokens ``cu[s]:cu[s + 1]`` of
@@ -181,7 +181,7 @@ def segment_layout(seqlens: Any, rows: int, seq_len: int) -> dict[str, Any]:
     (int64 ``[B]``: tokens before each row's padding). ValueError names a row
     whose segments are empty or overflow ``seq_len``."""
     values, offsets = _as_jagged(seqlens, rows)
-    position_ids = np.empty((rows, seq_len), np.int64)
+    position_ids = np.empty((rows, seq_len), np.int32)
     seq_idx = np.empty((rows, seq_len), np.int32)
     segment_ids = np.empty((rows, seq_len), np.int32)
     cu = np.empty(values.shape[0] + rows + 1, np.int32)
@@ -226,15 +226,15 @@ def varlen_columns(
     if cu_seqlens_size is not None and (isinstance(cu_seqlens_size, bool)
                                         or not isinstance(cu_seqlens_size, int)):
         raise TypeError(f"cu_seqlens_size must be an int, got {cu_seqlens_size!r}")
-    # One buffer for the int64 planes (labels, position_ids), one for the int32 ones.
-    wide = np.empty((2, rows, seq_len), np.int64)
-    narrow = np.empty((2 if jax else 1, rows, seq_len), np.int32)
+    # labels int64; one buffer for the int32 planes (position_ids, seq_idx, segment_ids).
+    wide = np.empty((1, rows, seq_len), np.int64)
+    narrow = np.empty((3 if jax else 2, rows, seq_len), np.int32)
     attention = (np.empty((rows, seq_len), np.int64) if attention_mask
                  else np.zeros((0, 0), np.int64))
     cu = np.empty(values.shape[0] + rows + 1, np.int32)
     mode = 0 if labels is None else 1 if labels == "shifted" else 2
     count, longest, bad = _columns(ids, values, offsets, mask, loss_mask is not None, mode,
-                                   jax, attention_mask, wide[0], wide[1], narrow[0],
+                                   jax, attention_mask, wide[0], narrow[0], narrow[1],
                                    narrow[-1], attention, cu)
     if bad >= 0:
         lengths = values[offsets[bad]:offsets[bad + 1]].tolist()
@@ -248,13 +248,13 @@ def varlen_columns(
     out: dict[str, Any] = {"input_ids": ids}
     if labels is not None:
         out["labels"] = wide[0]
-    out["position_ids"] = wide[1]
+    out["position_ids"] = narrow[0]
     out["cu_seqlens"] = cu
     out["max_seqlen"] = int(longest)
-    out["seq_idx"] = narrow[0]
+    out["seq_idx"] = narrow[1]
     if jax:
-        out["segment_ids"] = narrow[1]
-        out["positions"] = wide[1].astype(np.int32)
+        out["segment_ids"] = narrow[2]
+        out["positions"] = narrow[0]
     if attention_mask:
         out["attention_mask"] = attention
     return out

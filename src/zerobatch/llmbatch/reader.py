@@ -319,6 +319,12 @@ class BatchFileReader:
         return shard.batches[local]
 
     @property
+    def reads_wait(self) -> bool:
+        """True when a read waits on the network (an object-store URL); False
+        for local files (see ``zerobatch.Loader``'s ``num_threads``)."""
+        return self._storage is not None
+
+    @property
     def fingerprint(self) -> str:
         """Identifies the file(s) a loader state belongs to: header fields, shard
         sizes and a hash of the first and last batches' tokens (two reads, so a

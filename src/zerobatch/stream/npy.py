@@ -247,6 +247,12 @@ class NpyWindows:
         """Identifies the data: the stream and the window length."""
         return f"{self._tokens.fingerprint}:windows:{self._seq_len}"
 
+    @property
+    def reads_wait(self) -> bool:
+        """True when a read waits on the network (object storage); False for
+        local files (see ``zerobatch.Loader``'s ``num_threads``)."""
+        return not isinstance(self._tokens._storage, LocalStorage)
+
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
         """The windows at ``indices`` (``0 <= i < len``, any order) as one Batch."""
         idx = np.asarray(indices)

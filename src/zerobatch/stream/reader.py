@@ -402,8 +402,9 @@ class TokenWindows:
     ``"stored"`` (``input_ids`` and ``labels`` are then overlapping views of
     the read buffer, no copy; not with ``labels="aligned"``). A token id the
     output dtype cannot hold raises ``FormatError`` naming the file (checked
-    in the same pass as the cast). ``position_ids`` are int64 with int64
-    tokens, else int32.
+    in the same pass as the cast). ``position_ids`` are int32 whatever
+    ``dtype`` (half the bytes of int64; transformers and RoPE take them as they
+    take int64, with the same loss).
     """
 
     def __init__(
@@ -449,13 +450,13 @@ class TokenWindows:
         self._want_segments = (self._want_positions or self._want_cu or self._want_longest
                                or self._want_seq_idx or self._mask_labels)
         self._token_fields = tuple(name for name in self._fields if name in wanted)
-        # Cast token columns, then position_ids, share one dtype: planes of one
-        # [k, B, seq_len] array.
+        # Cast token columns share one dtype: planes of one [k, B, seq_len] array;
+        # position_ids are int32 (half the bytes of int64: the document columns'
+        # main cost), carved after them.
         self._plane_dtype = np.dtype(np.int32) if self._dtype is None else self._dtype
-        casts = 0 if self._dtype is None else self._want_inputs + self._want_labels
-        self._planes = casts + self._want_positions
+        self._planes = 0 if self._dtype is None else self._want_inputs + self._want_labels
         self._no_rows = np.empty((0, seq_len), self._plane_dtype)  # "skip this column"
-        self._no_segments = k.no_segments(self._plane_dtype)
+        self._no_segments = k.no_segments(_INT32)
         self._dense = self._dense_schema()
         self._record_dtype = manifest.record_dtype
         self._token_field = manifest.token_field
@@ -496,7 +497,7 @@ class TokenWindows:
         arrays = {"input_ids": np.empty(shape, tokens)}
         if self._labels:
             arrays["labels"] = arrays["input_ids"]
-        arrays["position_ids"] = np.empty(shape, self._plane_dtype)
+        arrays["position_ids"] = np.empty(shape, _INT32)
         arrays["max_seqlen"] = np.empty(0, np.int32)
         arrays["seq_idx"] = np.empty(shape, np.int32)
         fields: Mapping[str, Any] = manifest.record_dtype.fields or {}
@@ -522,6 +523,13 @@ class TokenWindows:
     def seq_len(self) -> int:
         """Tokens per window (without the extra label token)."""
         return self._seq_len
+
+    @property
+    def reads_wait(self) -> bool:
+        """True when a read waits on the network (object storage); False for
+        local files, which the Loader's automatic mode reads in the caller's
+        thread."""
+        return self._ds._local is None
 
     @property
     def columns(self) -> tuple[str, ...]:
@@ -673,7 +681,8 @@ class TokenWindows:
         planes = self._planes * count * self._seq_len * self._plane_dtype.itemsize
         if not self._want_segments:
             return planes
-        return planes + ALIGN + _segment_bytes(count, self._seq_len)
+        positions = (count * self._seq_len * _INT32.itemsize + ALIGN) * self._want_positions
+        return planes + ALIGN + positions + _segment_bytes(count, self._seq_len)
 
     def _outputs(
         self, buffer: np.ndarray, start: int, count: int
@@ -684,15 +693,16 @@ class TokenWindows:
         shape = (self._planes, count, self._seq_len)
         planes = np.ndarray(shape, self._plane_dtype, buffer, start)
         none = self._no_rows
-        inputs = labels = positions = none
+        inputs = labels = none
         if self._dtype is not None:
             inputs = planes[0] if self._want_inputs else none
             labels = planes[int(self._want_inputs)] if self._want_labels else none
-        if self._want_positions:
-            positions = planes[-1]
+        positions = self._no_segments[0]
         if not self._want_segments:
             return inputs, labels, positions, self._no_segments
         at = -(-(start + planes.nbytes) // ALIGN) * ALIGN
+        if self._want_positions:
+            positions, at = carve(buffer, at, _INT32, (count, self._seq_len))
         return inputs, labels, positions, _carve_segments(
             buffer, at, count, self._seq_len, self._no_segments, positions=positions,
             seq_idx=self._want_seq_idx, longest=self._want_longest)
@@ -857,6 +867,13 @@ class Documents:
     def fingerprint(self) -> str:
         """The dataset's fingerprint plus ``max_len``."""
         return f"{self._ds.fingerprint}:documents:{self._max_len}"
+
+    @property
+    def reads_wait(self) -> bool:
+        """True when a read waits on the network (object storage); False for
+        local files, which the Loader's automatic mode reads in the caller's
+        thread."""
+        return self._ds._local is None
 
     def __repr__(self) -> str:
         return f"Documents(max_len={self._max_len}, len={len(self)})"
