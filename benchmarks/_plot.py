@@ -2,7 +2,9 @@
 table into ``docs/img/NAME.png`` (matplotlib, headless Agg backend).
 
 ``bars`` draws one horizontal bar per reader (a share of a limit, or any
-value); ``lines`` draws series against a shared x axis (log scales allowed).
+value); ``groups`` draws a few bars per row (zerobatch and the others side
+by side, per operation); ``lines`` draws series against a shared x axis (log
+scales allowed).
 Every figure carries the machine and the date in its footer, as the tables do.
 """
 
@@ -18,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on a build machine
 import matplotlib.pyplot as plt
 
-__all__ = ["IMAGES", "bars", "footer", "lines"]
+__all__ = ["IMAGES", "bars", "footer", "groups", "lines"]
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
 """Where the figures go (committed, shown in BENCHMARKS.md and the README)."""
@@ -76,6 +78,40 @@ def bars(
     axes.set_xlabel(xlabel)
     axes.set_title(title, fontsize=10)
     axes.margins(x=0.18)
+    return _save(figure, name)
+
+
+def groups(
+    name: str, rows: Mapping[str, Mapping[str, float]], *, title: str, xlabel: str,
+    log: bool = False, fmt: str = "{:.3g}",
+) -> Path:
+    """Per row of ``rows`` (top to bottom), one horizontal bar per series
+    (``rows[row][series]``; a series a row lacks leaves no bar), zerobatch's
+    series in blue, each bar labelled with its value (``fmt``). Writes
+    ``docs/img/{name}.png`` and returns its path."""
+    labels = list(rows)
+    series = list(dict.fromkeys(key for row in rows.values() for key in row))
+    height = 0.9 + (0.22 * len(series) + 0.2) * len(labels)
+    figure, axes = plt.subplots(figsize=(8.5, height))
+    others = iter(["#d0883a", "#8250df", "#2da44e", "#cf222e", "#57606a"])
+    colors = {key: _OURS if key.startswith("zerobatch") else next(others) for key in series}
+    step = 0.8 / len(series)
+    for k, key in enumerate(series):
+        ys, xs = [], []
+        for y, label in zip(range(len(labels))[::-1], labels, strict=True):
+            if key in rows[label]:
+                ys.append(y + 0.4 - step * (k + 0.5))
+                xs.append(rows[label][key])
+        axes.barh(ys, xs, height=step * 0.9, color=colors[key], label=key)
+        for y, x in zip(ys, xs, strict=True):
+            axes.text(x, y, " " + fmt.format(x), va="center", fontsize=7)
+    axes.set_yticks(list(range(len(labels))[::-1]), labels, fontsize=8)
+    if log:
+        axes.set_xscale("log")
+    axes.set_xlabel(xlabel)
+    axes.set_title(title, fontsize=10)
+    axes.margins(x=0.15)
+    axes.legend(fontsize=8, loc="lower right")
     return _save(figure, name)
 
 

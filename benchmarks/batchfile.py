@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _plot import bars
 
 from zerobatch.batch_loader import BatchFileReader, BatchNativeLoader
 from zerobatch.batch_writer import write_batch_dataset
@@ -394,6 +395,13 @@ def main() -> None:
             ("reader", "M tok/s", "int64 path is", "int32 path is"),
             comp_rows,
         )
+        rates = {"zerobatch read_batch_torch int64": int64_rate,
+                 "zerobatch read_batch_torch int32": int32_rate, **dict(competitors),
+                 "limit: astype(int64), random batch in RAM": ram_limit}
+        bars("batchfile", {name: rate / 1e6 for name, rate in rates.items()},
+             title=f"Random batches of {BATCH} x {SEQ} tokens from a .batch file, warm cache",
+             xlabel="M tokens/s (log scale)", log=True,
+             labels={name: f"{rate / 1e6:,.1f}" for name, rate in rates.items()})
 
         table(
             f"Permutation of n = {args.feistel_n:,}",

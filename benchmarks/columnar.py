@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from _plot import groups
 
 from zerobatch.columnar import Batch, BatchMeta
 
@@ -207,8 +208,10 @@ def main() -> None:
     if len(libraries) == 2:
         header += ["ratio", "target"]
     rows: list[list[str]] = []
+    drawn: dict[str, dict[str, float]] = {}
     for label, method, target in OPERATIONS:
         times = [best_seconds(getattr(lib, method), args.seconds) for lib in libraries]
+        drawn[label] = {name: t * 1e6 for name, t in zip(names, times, strict=True)}
         row = [label, *(fmt_time(t) for t in times)]
         if len(times) == 2:
             row += [f"{times[1] / times[0]:,.0f}×", target]
@@ -238,6 +241,8 @@ def main() -> None:
     print("|" + "|".join(" --- " for _ in header) + "|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    groups("columnar", drawn, title=f"Batch metadata, B = {B}, F = {fields}: time per operation",
+           xlabel="microseconds (log scale; shorter is faster)", log=True, fmt="{:,.1f}")
 
 
 if __name__ == "__main__":

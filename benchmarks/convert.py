@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from _plot import bars
+
 from zerobatch.convert import convert
 
 
@@ -182,6 +184,10 @@ def main() -> None:
         print(f"{'':44s} {'tokens/s':>12s} {'vs raw':>8s}")
         for name, rate, ratio in rows:
             print(f"{name:44s} {rate:12,.0f} {ratio:8.2f}")
+        bars("convert", {name: rate / 1e6 for name, rate, _ in rows},
+             title="Tokenizing JSONL: convert against raw tokenizers and LitData (same texts)",
+             xlabel="M tokens/s (CPU rows: per CPU second; wall rows: per wall second)",
+             labels={name: f"{rate / 1e6:.2f} ({ratio:.2f} of raw)" for name, rate, ratio in rows})
         print("CPU passes (s): " + ", ".join(
             f"{name} {' '.join(f'{t:.2f}' for t in times)}" for name, times in cpu.items()))
         print(f"convert scaling 1 -> 2 workers (wall): {rows[5][1] / rows[4][1]:.2f}x; "

@@ -43,6 +43,7 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
 import jax
 import numpy as np
 import obstore
+from _plot import bars, groups
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -119,15 +120,19 @@ def consume(make: Callable[[], Any], steps: int, step_s: float) -> list[float]:
     return waits
 
 
-def report(name: str, waits: list[float], switches: set[int]) -> None:
+def report(name: str, waits: list[float], switches: set[int]) -> dict[str, float]:
     """One row: total wait, first call, the steps that switch shards after the
-    first, the others, stalls (waits over 1 ms) after the first call, the longest."""
+    first, the others, stalls (waits over 1 ms) after the first call, the
+    longest. Returns the row's milliseconds by column, for the chart."""
     after = waits[1:]
     at_switch = sum(w for i, w in enumerate(waits) if i in switches)
     other = sum(after) - at_switch
     stalls = [w for w in after if w > 1e-3]
     print(f"{name:<26} {sum(waits) * 1e3:8.1f} {waits[0] * 1e3:8.1f} {at_switch * 1e3:9.1f} "
           f"{other * 1e3:8.1f} {len(stalls):7d} {max(after) * 1e3:7.1f}")
+    return {"waited in all": sum(waits) * 1e3, "first call": waits[0] * 1e3,
+            "at shard switches": at_switch * 1e3, "other steps": other * 1e3,
+            "longest wait after the first": max(after) * 1e3}
 
 
 def main() -> None:
@@ -185,13 +190,19 @@ def stalls(args: argparse.Namespace, partition: NamedSharding) -> None:
                 if (i * rows * T) // args.shard_tokens
                 != ((i + 1) * rows * T) // args.shard_tokens}
         step_s = args.step_ms / 1e3
-        report("seed 003 (whole shards)", consume(
+        seed = report("seed 003 (whole shards)", consume(
             lambda: SeedLoader(f"{root}/train", names, options, partition), steps, step_s),
             seed_switches)
-        report(f"ShardDataset prefetch={args.prefetch}", consume(
+        mine = report(f"ShardDataset prefetch={args.prefetch}", consume(
             lambda: ShardDataset(root, "train", T, BATCH, MICRO, DP, 1, partition,
                                  prefetch=args.prefetch, storage_options=options),
             steps, step_s), ours)
+        groups("jax_input_stalls", {column: {"seed 003 (whole shards)": seed[column],
+                                             f"zerobatch ShardDataset prefetch={args.prefetch}":
+                                             mine[column]} for column in seed},
+               title=f"Time the consumer waited for data over s3:// ({steps} steps of "
+                     f"{args.step_ms:.0f} ms, {args.latency * 1e3:.0f} ms a request)",
+               xlabel="ms (shorter is better)", fmt="{:,.1f}")
     finally:
         server_process.kill()
         server_process.wait()
@@ -243,6 +254,12 @@ def placement(args: argparse.Namespace, sharding: NamedSharding) -> None:
     limit = results["np.copyto of the same bytes"]
     for name, rate in results.items():
         print(f"{name:<32} {rate / 1e6:9.1f} M tokens/s  {rate / limit:6.3f} of the copy limit")
+    shares = {("zerobatch " + name if name.startswith(("read", "ShardDataset")) else name):
+              rate / limit for name, rate in results.items()}
+    bars("jax_input_placement", shares, limit=1.0, limit_label="np.copyto",
+         title="One JAX step's read and placement on 8 CPU devices, as a share of np.copyto",
+         xlabel="share of the copy limit (same bytes)",
+         labels={key: f"{share:.3f}" for key, share in shares.items()})
 
 
 if __name__ == "__main__":

@@ -219,6 +219,66 @@ def _overlap(windows: Any, step_s: float, steps: int) -> dict[int, float]:
     return shares
 
 
+def _spin(seconds: float) -> None:
+    """Busy the calling thread for ``seconds`` in Python (holding the GIL), as a
+    CPU-bound training step's Python does."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+DEFAULT = "zerobatch defaults (automatic)"
+OVERLAP = {DEFAULT: {}, "num_threads=0": {"num_threads": 0},
+           "num_threads=1, prefetch=2": {"num_threads": 1, "prefetch": 2}}
+"""The Loader settings section 6 compares (README path, torch output)."""
+OVERLAP_WAITS = [1e-5, 1e-4, 3e-4, 1e-3, 3e-3]  # seconds a step
+TITLES = {"sleep": "sleeps (GIL free, as a GPU step)", "spin": "spins in Python (holds the GIL)"}
+
+
+def _overlap_steps(windows: Any, waits: list[float], passes: int, seconds: float) -> None:
+    """Section 6: does the default hurt a training loop? A consumer that does a
+    fixed wait per step, GIL-free (``time.sleep``: a GPU step, whose Python
+    waits on the device) or holding the GIL (``_spin``: Python on the CPU).
+    Per wait, the best step time of each setting over interleaved passes,
+    and the default's against the best of the others. Draws
+    ``loader_overlap_sleep.png`` and ``loader_overlap_spin.png``."""
+    print("6. A training loop's step time: the consumer waits a fixed time per step "
+          "(sleep: GIL free, as on a GPU; spin: Python on the CPU); best of "
+          f"{passes} interleaved passes of ~{seconds:.1f} s; README path, torch output")
+    for kind, wait in (("sleep", time.sleep), ("spin", _spin)):
+        best = {name: [float("inf")] * len(waits) for name in OVERLAP}
+        modes: dict[str, list[str]] = {name: [""] * len(waits) for name in OVERLAP}
+        for _ in range(passes):
+            for w, step in enumerate(waits):
+                for name, settings in OVERLAP.items():
+                    loader = Loader(windows, BATCH, seed=5, epochs=None, **settings)
+                    batches = iter(loader)
+                    for _ in range(24):  # the pipeline fills; the default decides (16 steps)
+                        next(batches)
+                        wait(step)
+                    count, started = 0, time.perf_counter()
+                    while count < 8 or time.perf_counter() - started < seconds:
+                        next(batches)
+                        wait(step)
+                        count += 1
+                    best[name][w] = min(best[name][w], (time.perf_counter() - started) / count)
+                    modes[name][w] = "thread" if loader._threads is not None else "caller"
+                    loader.close()
+        rows = []
+        for w, step in enumerate(waits):
+            others = min(best[name][w] for name in OVERLAP if name != DEFAULT)
+            rows.append((f"{kind} {step * 1e6:,.0f} us",
+                         *(f"{best[name][w] * 1e6:,.0f}" for name in OVERLAP),
+                         f"{best[DEFAULT][w] / others:.2f}", modes[DEFAULT][w]))
+        _table(rows, ("wait per step", *(f"{n} us/step" for n in OVERLAP),
+                      "default / best other", "default read in"))
+        lines(f"loader_overlap_{kind}", [s * 1e3 for s in waits],
+              {name: [best[name][w] / min(best[n][w] for n in OVERLAP)
+                      for w in range(len(waits))] for name in OVERLAP},
+              title=f"Step time of a loop that {TITLES[kind]} per step",
+              xlabel="wait per step, ms", ylabel="step time / best setting's")
+
+
 def _windows_memmap(path: Path) -> np.ndarray:
     return np.memmap(path / "00000.tokens", dtype="<u2", mode="r")
 
@@ -614,6 +674,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="per headline pass")
     parser.add_argument("--pictures", action="store_true",
                         help="only section 5 (resume and memory figures)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="only section 6 (a training loop's step time, default vs others)")
     args = parser.parse_args()
     if args.quick:
         args.tokens, args.steps, args.passes = 8_000_000, 50, 3
@@ -626,6 +688,10 @@ def main() -> None:
         _warm(work / "corpus")
         if args.pictures:
             _pictures(open_dataset(work / "corpus").windows(SEQ_LEN, columns=COLUMNS))
+            return
+        if args.overlap:
+            _overlap_steps(open_dataset(work / "corpus").windows(SEQ_LEN), OVERLAP_WAITS,
+                           args.passes, args.seconds)
             return
         runs = 3 if args.headline else 1
         peers = _default_peers(work / "corpus", work)
@@ -676,6 +742,8 @@ def main() -> None:
                 for name, rate in rates.items()],
                ("reader", "M tok/s", "vs fastest peer"))
         _pictures(windows)
+        _overlap_steps(open_dataset(work / "corpus").windows(SEQ_LEN), OVERLAP_WAITS,
+                       args.passes, args.seconds)
     finally:
         shutil.rmtree(work)
 

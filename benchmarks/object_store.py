@@ -49,6 +49,7 @@ import numpy as np
 import obstore
 from _plot import bars
 
+from zerobatch.loader import Loader
 from zerobatch.storage import ObjectStorage
 from zerobatch.stream import StreamWriter, open_dataset
 from zerobatch.stream.manifest import META_DATA, META_INDEX, META_SPANS
@@ -110,6 +111,21 @@ def write_dataset(url: str, endpoint: str, tokens: int, shard_tokens: int,
             spans = [(s, min(s + 100, doc), {"doc": d, "at": s})
                      for s in range(0, doc, span_every)] if metadata else None
             writer.add_document(ids, spans=spans)
+
+
+def loader_rate(windows: Any, settings: dict[str, Any], step: float, seconds: float) -> float:
+    """Batches/s of ``Loader(windows, BATCH, **settings)`` with a consumer that
+    sleeps ``step`` seconds a batch (GIL free, as a GPU step), for ``seconds``."""
+    with Loader(windows, BATCH, seed=1, epochs=None, output="numpy", **settings) as loader:
+        batches = iter(loader)
+        next(batches)
+        count, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            next(batches)
+            count += 1
+            if step:
+                time.sleep(step)
+        return count / (time.perf_counter() - started)
 
 
 def in_flight(read: Any, batches: list[np.ndarray], depth: int, seconds: float) -> float:
@@ -258,6 +274,13 @@ def run(args: argparse.Namespace, direct: str, proxied: str) -> None:
         theirs = in_flight(raw, calls, depth, args.seconds)
         print(f"{depth:>10} {ours:>10.1f} {theirs:>12.1f} {ours / theirs:>6.2f}")
     stop()
+    print("\n1b. the Loader over s3:// at its defaults (reads wait: one reader thread) "
+          "against num_threads=0, a consumer step of 0 and 50 ms (time.sleep), batches/s")
+    print(f"{'step ms':>8} {'defaults':>9} {'threads=0':>10} {'ratio':>6}")
+    for step in (0.0, 0.05):
+        default = loader_rate(windows, {}, step, args.seconds)
+        caller = loader_rate(windows, {"num_threads": 0}, step, args.seconds)
+        print(f"{step * 1e3:>8.0f} {default:>9.1f} {caller:>10.1f} {default / caller:>6.2f}")
 
     # 2. requests per batch and bytes per token
     print("\n2. GETs per batch and bytes fetched per token delivered (32 batches each)")

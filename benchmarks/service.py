@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _plot import bars
 from columnar import B, make_columns
 
 from zerobatch.columnar import Batch, BatchMeta
@@ -192,6 +193,13 @@ def server_table(tokens: int, steps: int) -> list[str]:
     for label, count, size, seconds in rows:
         rate = count / seconds
         lines.append(f"| {label} | {rate:,.0f} | {size / seconds / 1e9:.2f} | {rate / base:.2f}× |")
+    shares = {("zerobatch " + label if not label.startswith("limit") else label):
+              count / seconds / base for label, count, _, seconds in rows}
+    bars("service_batches", shares, limit=1.0, limit_label="in-process Loader",
+         title=f"BatchServer on loopback: batches/s against the in-process Loader "
+               f"(windows of {SEQ_LEN}, batch {BATCH})",
+         xlabel="batches/s as a share of the in-process Loader's (same run)",
+         labels={name: f"{share:.2f}" for name, share in shares.items()})
     return lines
 
 
@@ -320,15 +328,22 @@ def fieldstore_table(rounds: int) -> list[str]:
         f"{limit / ours:.2f}× |",
         f"| zerobatch FieldStore | {fmt(ours)} | {2 * size / ours / 1e9:.2f} | {frames} | 1× |",
     ]
+    times = {"np.copyto limit (twice)": limit * 1e3, "zerobatch FieldStore": ours * 1e3}
     try:
         theirs = transferqueue_round_trip(columns, rounds)
     except ImportError as exc:
         lines.append(f"\nnote: transferqueue not installed ({exc}); zerobatch alone.")
-        return lines
-    lines.append(
-        f"| TransferQueue 0.1.11 | {fmt(theirs)} | {2 * size / theirs / 1e9:.2f} | - | "
-        f"{theirs / ours:,.1f}× slower (target ≥ 10×) |"
-    )
+        theirs = None
+    if theirs is not None:
+        times["TransferQueue 0.1.11"] = theirs * 1e3
+        lines.append(
+            f"| TransferQueue 0.1.11 | {fmt(theirs)} | {2 * size / theirs / 1e9:.2f} | - | "
+            f"{theirs / ours:,.1f}× slower (target ≥ 10×) |"
+        )
+    bars("service_fieldstore", times, log=True,
+         title=f"FieldStore round trip (put + get_meta + get), B = {B}, F = {len(columns)}",
+         xlabel="ms, median (log scale; shorter is faster)",
+         labels={name: f"{ms:,.2f} ms" for name, ms in times.items()})
     return lines
 
 

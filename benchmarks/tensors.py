@@ -59,6 +59,7 @@ import safetensors
 import safetensors.numpy
 import safetensors.torch
 import torch
+from _plot import bars, groups
 
 import zerobatch.tensors as zt
 import zerobatch.tensors.torch as ztorch
@@ -275,6 +276,10 @@ def print_save_limits(best: dict[str, tuple[float, float]], label: str, where: s
         else:
             line += f" {cpu * 1e3:9.1f} {cpu / copy_cpu:7.2f} {theirs_cpu / cpu:6.2f}"
         print(line)
+    bars("tensors_save", {name: wall * 1e3 for name, (wall, _) in best.items()},
+         title=f"save_file {label}: best wall time of each writer", xlabel="ms (shorter is faster)",
+         labels={name: f"{wall * 1e3:,.0f} ms ({wall / copy_wall:.2f}x copy)"
+                 for name, (wall, _) in best.items()})
 
 
 def main() -> None:
@@ -325,6 +330,11 @@ def main() -> None:
           f"{'ref/zb':>8}")
     for name, fmt, theirs, ours in rows:
         print(f"{name:32} {fmt:12} {theirs * 1e3:13.2f} {ours * 1e3:13.2f} {theirs / ours:8.1f}")
+    groups("tensors", {f"{name}, {fmt}": {"reference package": theirs * 1e3,
+                                          "zerobatch": ours * 1e3}
+                       for name, fmt, theirs, ours in rows},
+           title="Tensor files: zerobatch against bintensors and safetensors (same bytes)",
+           xlabel="ms (log scale; shorter is faster)", log=True, fmt="{:,.2f}")
     print_save_limits(limits, label, str(folder.parent))
 
 

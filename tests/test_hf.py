@@ -158,3 +158,38 @@ def test_a_source_with_its_own_label_convention(tmp_path):
     masked = open_dataset(tmp_path / "corpus").windows(SEQ_LEN, document_masking=True)
     derived = aligned_labels(next(iter(Loader(masked, BATCH, seed=1))))
     assert derived["labels"].shape == (BATCH, SEQ_LEN)
+
+
+def test_int32_position_ids_give_the_same_loss_as_int64(tmp_path):
+    """Window batches carry int32 position_ids (half the bytes of int64): a tiny
+    Llama built from a config, on the padding-free path (no attention mask: the
+    model finds the documents from position_ids), gives the same logits and loss
+    as with the same ids cast to int64, and other logits than without them."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from zerobatch import Loader
+
+    rng = np.random.default_rng(4)
+    with StreamWriter(tmp_path / "corpus") as writer:
+        for _ in range(30):
+            writer.add_document(rng.integers(1, 300, size=int(rng.integers(3, 30))))
+    windows = open_dataset(tmp_path / "corpus").windows(48, labels="aligned",
+                                                        document_masking=True)
+    batch = next(iter(Loader(windows, 2, seed=1)))
+    assert batch["position_ids"].dtype == torch.int32
+    assert int((batch["position_ids"] == 0).sum()) > 2  # documents inside the rows
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    for attention in ("sdpa", "eager"):
+        model = transformers.LlamaForCausalLM(config).eval()
+        model.config._attn_implementation = attention
+        inputs = {"input_ids": batch["input_ids"], "labels": batch["labels"]}
+        with torch.no_grad():
+            narrow = model(**inputs, position_ids=batch["position_ids"])
+            wide = model(**inputs, position_ids=batch["position_ids"].long())
+            whole = model(**inputs)
+        assert torch.equal(narrow.logits, wide.logits)
+        assert narrow.loss.item() == wide.loss.item()
+        assert not torch.allclose(narrow.logits, whole.logits)  # the documents were seen

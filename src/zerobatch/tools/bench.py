@@ -35,7 +35,8 @@ TUNING: tuple[dict[str, int], ...] = (
     {"num_threads": 2, "prefetch": 4},
     {"num_threads": 2, "prefetch": 8},
 )
-"""The Loader settings ``tune`` tries (the default is ``num_threads=1, prefetch=2``)."""
+"""The Loader settings ``tune`` tries (the default is ``num_threads=None``, automatic:
+``num_threads=0`` for a local dataset until the loop is seen waiting, ``prefetch=2``)."""
 
 LIMIT = "np.memmap gather + int64 cast"
 
