@@ -56,8 +56,16 @@ measured in this run, passes interleaved, best of each:
    synthetic source; torch's ``RandomSampler``, which draws a permutation of
    the whole dataset each epoch), ``docs/img/loader_memory.png``.
 
+6. A training loop's step time (``--overlap``): a consumer that waits a
+   fixed time per step, GIL-free (``time.sleep``, as a step on a GPU) or in
+   Python (a spin loop holding the GIL), 10 us to 3 ms; the README path at
+   its defaults (automatic ``num_threads``) against ``num_threads=0`` and
+   ``num_threads=1, prefetch=2``, best step time over interleaved passes, and
+   where the default ended up reading. Draws ``docs/img/loader_overlap_sleep.png``
+   and ``loader_overlap_spin.png``.
+
     python benchmarks/loader.py [--quick] [--tokens 64_000_000] [--passes 5]
-        [--headline (section 0, three runs) | --pictures (section 5)]
+        [--headline (section 0, three runs) | --pictures (section 5) | --overlap (6)]
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ class _Direct:
         if known is None:
             plane = (rows, seq_len)
             shapes = [(plane, self.dtype), (plane, np.dtype(np.int64)),
-                      (plane, np.dtype(np.int64)), (plane, np.dtype(np.int32)),
+                      (plane, np.dtype(np.int32)), (plane, np.dtype(np.int32)),  # varlen's
                       (plane if jax else (0, 0), np.dtype(np.int32)),
                       (plane if attention else (0, 0), np.dtype(np.int64)),
                       ((rows * (seq_len + 1) + 1,), np.dtype(np.int32))]
