@@ -182,13 +182,17 @@ class Waits:
     section). Decided per window of ``WINDOW`` steps: a window votes for a
     thread when at least 3/4 of its steps waited as long as their read (so one
     preemption on a loaded machine, or a garbage collection, is not a wait),
-    and two windows in a row move the reads. Cost: two ``perf_counter`` and
-    two ``thread_time`` calls a step (under 1 us). Not thread-safe: the
-    caller's thread alone calls it.
+    and two windows in a row move the reads. Cost: two ``perf_counter``
+    calls a step (~0.1 us); ``thread_time`` (a system call) only around steps
+    whose caller was away as long as a read. Not thread-safe: the caller's
+    thread alone calls it.
     """
 
     def __init__(self) -> None:
-        self._left: tuple[float, float] | None = None  # (wall, thread CPU) at the last step
+        self._left_wall: float | None = None  # wall clock when the caller last got a step
+        self._left_cpu: float | None = None  # its thread CPU clock then, when watched
+        self._last_read = 0.0  # seconds the last read took
+        self._watch = False  # the caller was away as long as a read: read its CPU clock
         self._waited = 0.0  # seconds the caller was away and not running before this read
         self._steps = 0  # steps in this window
         self._votes = 0  # steps of this window that waited as long as their read
@@ -196,17 +200,25 @@ class Waits:
 
     def begin(self) -> float:
         """Mark the start of a read (the caller is back); returns the wall clock."""
-        wall, cpu = time.perf_counter(), time.thread_time()
-        left = self._left
-        self._waited = 0.0 if left is None else (wall - left[0]) - (cpu - left[1])
+        wall = time.perf_counter()
+        self._waited = 0.0
+        left = self._left_wall
+        # The thread's CPU clock costs a system call (more on a loaded machine):
+        # read it only around steps whose caller was away as long as a read.
+        self._watch = left is not None and wall - left >= self._last_read
+        if self._watch and self._left_cpu is not None:
+            assert left is not None
+            self._waited = (wall - left) - (time.thread_time() - self._left_cpu)
         return wall
 
     def end(self, began: float) -> bool:
         """Mark the end of the read begun at ``began``; True once a reader
         thread would hide the reads (see the class docstring)."""
         wall = time.perf_counter()
-        self._left = (wall, time.thread_time())
-        self._votes += self._waited >= wall - began
+        self._left_wall = wall
+        self._left_cpu = time.thread_time() if self._watch else None
+        self._last_read = read = wall - began
+        self._votes += self._waited >= read
         self._steps += 1
         if self._steps < WINDOW:
             return False
