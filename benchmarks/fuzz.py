@@ -95,7 +95,7 @@ from zerobatch.errors import FormatError
 
 Files = dict[str, bytes]
 OUTCOMES = ("ok", "format_error", "error_reply", "unnamed", "escape", "false_pass", "crash",
-            "hang", "alloc")
+            "hang", "alloc", "cold")
 MIN_BUDGET = 512 << 20  # address space a child may add per input, at least (bytes)
 RSS_FACTOR = 64  # and at most this many times the input's size of resident memory...
 MIN_RSS = 96 << 20  # ...or this much, whichever is larger
@@ -568,6 +568,7 @@ def _read_hf_ranged(folder: Path, files: Files) -> None:
         ds.verify()
 
 
+PEERS = ("megatron", "datatrove", "litdata", "hf", "hf_ranged", "mds")
 for _target in (
     Target("hf_ranged", _hf_seeds, _read_hf_ranged),
     Target("megatron", _megatron_seeds, _read_peer("megatron")),
@@ -641,7 +642,8 @@ def _cli_seeds() -> list[Files]:
                          2, 8, 1)
         seeds.append({"argv.json": b'["inspect", "{dir}/a.batch"]',
                       "a.batch": (Path(tmp) / "a.batch").read_bytes()})
-    seeds.append({"argv.json": b'["inspect", "{dir}/t"]', **_tensor_seeds("safetensors")()[0]})
+    for fmt in ("safetensors", "bintensors"):  # inspect sniffs a mutated .batch as either
+        seeds.append({"argv.json": b'["inspect", "{dir}/t"]', **_tensor_seeds(fmt)()[0]})
     return seeds
 
 
@@ -1236,8 +1238,63 @@ class Scratch:
         self._held = held
 
 
-def run_one(target: Target, scratch: Scratch, files: Files) -> tuple[str, str]:
-    """Read one input in this process: (outcome, detail)."""
+class Warmth:
+    """What this process has loaded: its modules and the Numba kernel
+    specializations of zerobatch's kernels (compiled, or loaded from the
+    on-disk cache). ``gained()`` names what was added since the last call.
+
+    A forked child that imports a module or adds a kernel specialization its
+    parent's warm-up did not pays for it in memory: compiling one kernel with
+    LLVM grows a child's peak RSS by 85-135 MiB (loading it from a warm Numba
+    cache, about 11 MiB), which the RSS budget would charge to the input. So
+    the driver reports such an input as ``cold`` (a gap in the target's
+    warm-up, whatever the state of the Numba cache), never as ``alloc``."""
+
+    def __init__(self) -> None:
+        self._modules: set[str] = set(sys.modules)
+        self._kernels = self._find_kernels()
+        self._counts = self._count()
+
+    @staticmethod
+    def _find_kernels() -> list[Any]:
+        try:
+            from numba.core.registry import CPUDispatcher
+        except ImportError:  # pragma: no cover - zerobatch needs numba
+            return []
+        found: dict[int, Any] = {}
+        for name, module in list(sys.modules.items()):
+            if name.split(".")[0] != "zerobatch" or module is None:
+                continue
+            for value in list(vars(module).values()):
+                if isinstance(value, CPUDispatcher):
+                    found[id(value)] = value
+        return list(found.values())
+
+    def _count(self) -> dict[int, int]:
+        return {id(kernel): len(kernel.overloads) for kernel in self._kernels}
+
+    def gained(self) -> str:
+        """Modules imported and kernel specializations added since the last
+        call ("" for none)."""
+        parts: list[str] = []
+        if len(sys.modules) != len(self._modules):
+            parts += [f"imported {name}" for name in sorted(set(sys.modules) - self._modules)[:3]]
+            self._modules = set(sys.modules)
+            self._kernels = self._find_kernels()  # a new module may hold kernels
+        counts = self._count()
+        if counts != self._counts:
+            parts += [f"added a specialization of {kernel.py_func.__name__}"
+                      for kernel in self._kernels
+                      if counts[id(kernel)] != self._counts.get(id(kernel), 0)][:3]
+            self._counts = counts
+        return "; ".join(parts)
+
+
+def run_one(target: Target, scratch: Scratch, files: Files,
+            warmth: Warmth | None = None) -> tuple[str, str]:
+    """Read one input in this process: (outcome, detail). With ``warmth``, an
+    input that made this process import a module or add a kernel
+    specialization is ``cold`` unless its read escaped or failed otherwise."""
     folder = scratch.folder
     if target.on_disk:
         scratch.write(files)
@@ -1265,7 +1322,10 @@ def run_one(target: Target, scratch: Scratch, files: Files) -> tuple[str, str]:
     finally:
         resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-    if outcome != "alloc" and grown > max(MIN_RSS, RSS_FACTOR * size):
+    gained = warmth.gained() if warmth is not None else ""
+    if gained and outcome in ("ok", "format_error", "alloc"):
+        outcome, detail = "cold", f"{gained} (peak RSS grew {grown >> 20} MiB)"
+    elif outcome != "alloc" and grown > max(MIN_RSS, RSS_FACTOR * size):
         outcome, detail = "alloc", f"peak RSS grew {grown >> 20} MiB for {size} input bytes"
     return outcome, detail.replace("\n", " ").replace("\t", " ")
 
@@ -1277,8 +1337,9 @@ def _child(
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     faulthandler.disable()  # a crash is the parent's to report, without a traceback dump
+    warmth = Warmth()
     for i in range(start, len(batch)):
-        outcome, detail = run_one(target, scratch, batch[i][1])
+        outcome, detail = run_one(target, scratch, batch[i][1], warmth)
         line = f"{i}\t{time.process_time()}\t{_bytes_read('self')}\t{outcome}\t{detail}\n"
         os.write(fd, line.encode("utf-8", "replace"))
 
@@ -1480,11 +1541,27 @@ def _cpu_used() -> float:
 _warmed_token_kernels = False
 
 
+def _empty_peer_inputs() -> list[Files]:
+    """An empty LitData dataset (no chunk) of each integer token dtype. A peer
+    dataset whose shards all start at byte 0 (Megatron, datatrove, or one with
+    no shard at all) reads windows through the direct path of native datasets
+    with its own token dtype: an input that empties a peer dataset (an hf
+    ``state.json`` listing no file, a LitData index with no chunk) or edits
+    its dtype reaches a specialization of ``read_windows`` no seed does. The
+    peer targets read these (as LitData: the kernels do not depend on the
+    format) before forking."""
+    from zerobatch.peers.litdata import INDEX, NUMPY_CODES
+
+    return [{INDEX: json.dumps({"chunks": [], "config": {
+        "data_format": [f"no_header_numpy:{code}"], "item_loader": "TokensLoader",
+        "compression": None, "encryption": None}}).encode()} for code in NUMPY_CODES]
+
+
 def _warm_token_kernels() -> None:
     """Read windows of every stored token dtype into every output dtype once in
-    this process: an input that changes a format's dtype would otherwise
-    compile (or, with a cold Numba cache, build) a kernel in a forked child and
-    count as an allocation over budget."""
+    this process: an input that changes a format's dtype would otherwise add
+    a kernel specialization in a forked child (``Warmth``: the input is
+    ``cold``)."""
     global _warmed_token_kernels
     if _warmed_token_kernels:
         return
@@ -1498,11 +1575,24 @@ def _warm_token_kernels() -> None:
     _warmed_token_kernels = True
 
 
+def _warm_codecs() -> None:
+    """Import the codecs ``json.loads`` picks for bytes by their first bytes
+    (UTF-16 and UTF-32, either order): a mutated JSON file that starts like
+    one would import it in a forked child."""
+    import encodings.utf_16
+    import encodings.utf_16_be
+    import encodings.utf_16_le
+    import encodings.utf_32
+    import encodings.utf_32_be
+    import encodings.utf_32_le  # noqa: F401
+
+
 def warm_up(target: Target) -> None:
     """Read every seed and warm-up input once in this process (imports, compiled
     kernels), so forked children start warm; one that does not read is a
     harness bug."""
     read = target.remote or target.read
+    _warm_codecs()
     if target.on_disk:
         _warm_token_kernels()
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
@@ -1511,8 +1601,16 @@ def warm_up(target: Target) -> None:
             if target.on_disk or target.remote:
                 scratch.write(files)
             read(Path(tmp), files)
-    if target.remote:
-        import zerobatch.storage.object  # noqa: F401  (imported, never used, before forking)
+        if target.name in PEERS:
+            for files in _empty_peer_inputs():
+                scratch.write(files)
+                _read_peer("litdata")(Path(tmp), files)
+    if target.remote:  # imported, never used, before forking
+        import encodings.idna  # noqa: F401  (URLs' host names)
+
+        import obstore  # noqa: F401
+
+        import zerobatch.storage.object  # noqa: F401
 
 
 def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, seed: int,
@@ -1545,9 +1643,10 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
             run_batch(target, batch, report, timeout=timeout, blocked=blocked, out=out,
                       cpu_per_gib=cpu_per_gib)
             if progress:
-                done = sum(report.totals()[name].values())
-                print(f"  {name}: {done} inputs, {time.perf_counter() - began:.0f} s",
-                      file=sys.stderr, flush=True)
+                counts = report.totals()[name]  # all of them: a run cut short still tells
+                print(f"  {name}: {sum(counts.values())} inputs, "
+                      f"{time.perf_counter() - began:.0f} s, {_cpu_used() - cpu:.0f} CPU s, "
+                      f"{dict(sorted(counts.items()))}", file=sys.stderr, flush=True)
             if seconds is not None and time.perf_counter() - began >= seconds:
                 break
         elapsed[name] = time.perf_counter() - began

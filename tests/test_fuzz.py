@@ -25,11 +25,7 @@ SLICE = {"stream": 1000, "npy-folder": 1500,  # the slow readers get fewer
 GOOD = ("ok", "format_error")  # the only outcomes a reader may have
 
 
-# hf and litdata are left out of the CI slice until the cause of one input's ~130 MiB
-# peak-RSS growth in a clean clone is found (their 10^5-input campaign runs were clean;
-# benchmarks/fuzz.py still covers them).
-@pytest.mark.parametrize("name", sorted(n for n, t in fuzz.TARGETS.items()
-                                        if not t.remote and n not in ("hf", "litdata")))
+@pytest.mark.parametrize("name", sorted(n for n, t in fuzz.TARGETS.items() if not t.remote))
 def test_reader_slice(name: str, tmp_path: Path) -> None:
     count = SLICE.get(name, 2500)
     report, _ = fuzz.fuzz([name], per_target=count, seconds=None, seed=1, batch_size=400,
@@ -78,6 +74,10 @@ def _planted(folder: Path, files: fuzz.Files) -> None:
     if data == b"rss":
         block = bytearray(200 << 20)
         block[::4096] = b"x" * len(block[::4096])
+    if data == b"import":  # a module the parent never imported (frozen, prints nothing)
+        import __phello__  # noqa: F401
+    if data == b"kernel":  # a kernel specialization the parent never made
+        sys.modules["zerobatch.errors"]._planted_kernel(1.5)  # type: ignore[attr-defined]
     if data == b"bad":
         raise fuzz.FormatError("unnamed")
     if data == b"good":
@@ -103,6 +103,30 @@ def test_driver_attributes_every_failure(tmp_path: Path) -> None:
         assert planted in {"escape": "escape", "crash": "crash", "hang": "hang spin",
                            "alloc": "alloc rss", "unnamed": "bad"}[outcome].split()
         assert outcome != "hang" or detail.startswith("no answer after "), detail
+
+
+def test_cold_children_are_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An input that makes a forked child import a module or add a Numba kernel
+    specialization its parent's warm-up did not is ``cold``, whatever the RSS
+    it cost (compiling a kernel grows a child by 85-135 MiB, loading it from a
+    warm Numba cache by about 11 MiB: an input counted as an allocation over
+    budget in a clean clone only). The inputs after it in the same child are
+    judged as usual."""
+    from numba import njit
+
+    kernel = njit(lambda x: x + 1)
+    kernel(1)  # the parent's specialization: int64
+    monkeypatch.setattr(sys.modules["zerobatch.errors"], "_planted_kernel", kernel,
+                        raising=False)
+    target = fuzz.Target("planted", lambda: [{"x": b"ok"}], _planted, on_disk=False)
+    report = fuzz.Report()
+    batch = [(f"x:{n.decode()}", {"x": n}) for n in (b"ok", b"import", b"import", b"kernel",
+                                                       b"kernel", b"ok")]
+    fuzz.run_batch(target, batch, report, timeout=60, out=None)
+    assert report.counts[("planted", "x")] == {"ok": 4, "cold": 2}
+    examples = sorted(report.examples.values())
+    assert "imported __phello__" in examples[0], examples
+    assert "added a specialization of <lambda>" in examples[1], examples
 
 
 @pytest.mark.parametrize(("planted", "timeout", "blocked", "cpu"), [

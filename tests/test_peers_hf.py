@@ -116,3 +116,19 @@ def test_from_s3_hostile_streams(saved, s3, tmp_path):
         with pytest.raises(FormatError) as error:
             open_dataset(f"{url}/{name}", storage_options=s3.storage_options())
         assert error.value.path.endswith(name) and error.value.field
+
+
+@pytest.mark.parametrize("files", ["", {}, "data-00000-of-00002.arrow", None])
+def test_state_whose_data_files_is_not_a_list_is_refused(saved, tmp_path, files):
+    """A state.json whose _data_files is not a list of {filename} is a FormatError
+    naming it (a string was iterated as no file at all: an empty dataset)."""
+    import json
+    import shutil
+
+    folder = tmp_path / "edited"
+    shutil.copytree(saved / "i32", folder)
+    state = json.loads((folder / "state.json").read_text())
+    (folder / "state.json").write_text(json.dumps({**state, "_data_files": files}))
+    with pytest.raises(FormatError, match="_data_files") as error:
+        open_dataset(folder)
+    assert error.value.field == "_data_files" and str(error.value.path).endswith("state.json")

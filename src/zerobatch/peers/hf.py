@@ -79,7 +79,10 @@ def _arrow_files(location: Location) -> list[str]:
     state = load_json(read_at(location.storage, STATE, 0, size, path=path, field="state"),
                       path=path, field="state", max_bytes=_MAX_STATE)
     try:
-        files = [entry["filename"] for entry in state["_data_files"]]
+        entries = state["_data_files"]
+        if not isinstance(entries, list):
+            raise TypeError(f"_data_files is {type(entries).__name__}, not a list")
+        files = [entry["filename"] for entry in entries]
     except (KeyError, TypeError) as error:
         raise FormatError(f"expected JSON with _data_files: [{{filename}}] ({error})",
                           path=path, field="_data_files") from None
