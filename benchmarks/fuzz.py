@@ -11,7 +11,8 @@ function turns its surface's contract into these outcomes (raise
 
 Surfaces: the readers (``stream``, ``stream-s3``, ``llmbatch``, ``frames``,
 ``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``, ``npy-dtypes``
-and the peer formats ``megatron``, ``datatrove``, ``litdata``, ``hf``, ``mds``);
+and the peer formats ``megatron``, ``datatrove``, ``litdata``, ``hf``, ``mds``,
+``mds-bytes``);
 ``stream-sealed`` (token-stream datasets whose manifest
 checksums are recomputed after each mutation, so ``verify``'s checks past the
 checksum judge it: a read failing where ``verify`` passed is a false pass);
@@ -64,6 +65,7 @@ import argparse
 import contextlib
 import datetime as dt
 import faulthandler
+import functools
 import gc
 import hashlib
 import http.client
@@ -499,6 +501,17 @@ def _mds_seeds() -> list[Files]:
     environment (tests/support/mds_env.py, built once): tokens alone (dynamic
     shape, several shards), tokens after fixed and variable columns, and a
     fixed shape."""
+    return _mds_written()[:3]
+
+
+def _mds_bytes_seeds() -> list[Files]:
+    """MDSWriter's shards of int64 tokens in a bytes column (read with dtype=)."""
+    return _mds_written()[3:]
+
+
+@functools.cache
+def _mds_written() -> tuple[Files, ...]:
+    """The four MDS seed datasets, written by one run of MDS's environment."""
     import importlib.util
     import json
 
@@ -509,29 +522,30 @@ def _mds_seeds() -> list[Files]:
     spec.loader.exec_module(mds_env)
     rng = np.random.default_rng(2)
     layouts = ({"tokens": "ndarray:uint16"}, {"id": "int64", "text": "str", "tokens":
-                                              "ndarray:int32"}, {"tokens": "ndarray:uint32:4"})
+                                              "ndarray:int32"}, {"tokens": "ndarray:uint32:4"},
+               {"id": "int64", "tokens": "bytes"})
     with tempfile.TemporaryDirectory() as tmp:
         jobs = []
         for k, columns in enumerate(layouts):
             arrays = {}
             for i in range(6):
                 arrays[f"tokens.{i}"] = rng.integers(
-                    0, 5000, 4 if k == 2 else int(rng.integers(1, 9))).astype(
-                    columns["tokens"].split(":")[1])
+                    0, 5000, 4 if k == 2 else int(rng.integers(0 if k == 3 else 1, 9))).astype(
+                    "int64" if k == 3 else columns["tokens"].split(":")[1])
                 arrays[f"id.{i}"], arrays[f"text.{i}"] = np.array(i), np.array("ab"[:i % 3])
             np.savez(Path(tmp) / f"{k}.npz", **arrays)
             jobs.append({"out": str(Path(tmp) / str(k)), "columns": columns, "size_limit": 200,
                          "npz": str(Path(tmp) / f"{k}.npz"), "samples": 6})
         (Path(tmp) / "jobs.json").write_text(json.dumps({"write": jobs}))
         mds_env.run("jobs", str(Path(tmp) / "jobs.json"))
-        return [_folder_files(Path(tmp) / str(k)) for k in range(len(layouts))]
+        return tuple(_folder_files(Path(tmp) / str(k)) for k in range(len(layouts)))
 
 
-def _read_peer(format: str) -> Callable[[Path, Files], None]:
+def _read_peer(format: str, **options: Any) -> Callable[[Path, Files], None]:
     def read(folder: Path, files: Files) -> None:
         from zerobatch import open_dataset
 
-        with open_dataset(folder, format=format) as ds:
+        with open_dataset(folder, format=format, **options) as ds:
             try:
                 windows = ds.windows(4)
                 windows.read(np.arange(len(windows)))
@@ -576,6 +590,7 @@ for _target in (
     Target("litdata", _litdata_seeds, _read_peer("litdata")),
     Target("hf", _hf_seeds, _read_peer("hf")),
     Target("mds", _mds_seeds, _read_peer("mds")),
+    Target("mds-bytes", _mds_bytes_seeds, _read_peer("mds", dtype="int64")),
 ):
     register(_target)
 
