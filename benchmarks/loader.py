@@ -493,7 +493,7 @@ def _versions() -> str:
 
 
 def _headline(path: Path, peers: dict[str, Callable[[], Iterator[Any]]], seconds: float,
-              passes: int) -> dict[str, float]:
+              passes: int, cpu: bool = False) -> dict[str, float]:
     """Section 0: tokens/s of the README path, document masking, tuned, the
     NumPy limit and every peer at its defaults; prints the table, draws the
     chart and returns each reader's share of the limit."""
@@ -513,17 +513,22 @@ def _headline(path: Path, peers: dict[str, Callable[[], Iterator[Any]]], seconds
         f"zerobatch, tuned ({setting})": loader(windows, **tuned),
         **peers,
     }
-    found = rates(readers, seconds=seconds, passes=passes)
+    found = rates(readers, seconds=seconds, passes=passes,
+                  clock=time.process_time if cpu else time.perf_counter)
     limit = found[LIMIT]
     shares = {name: rate / limit for name, rate in found.items()}
     fastest = max((shares[n] for n in shares if not n.startswith(("zerobatch", "np."))),
                   default=float("nan"))
     print("0. The headline: shares of the same-run limit, np.memmap + int64 cast "
-          "(windows of 2,048, batch 32, shuffled, int64 input_ids and labels)")
+          "(windows of 2,048, batch 32, shuffled, int64 input_ids and labels)"
+          + ("; per CPU second of this process, all its threads (a peer's worker "
+             "processes are not counted)" if cpu else ""))
     print(f"   peers: {_versions()}")
     _table([(name, f"{found[name] * BATCH * SEQ_LEN / 1e6:,.0f}", f"{shares[name]:.2f}",
              f"{shares[name] / fastest:.1f}") for name in found],
            ("reader", "M tok/s", "share of limit", "vs fastest peer"))
+    if cpu:  # the chart is the wall-clock table's
+        return shares
     bars("loader", shares, title="Tokens/s as a share of np.memmap + int64 cast "
          f"(same run; {SEQ_LEN}-token windows, batch {BATCH}, shuffled)",
          xlabel="share of the NumPy limit (1.0 = np.memmap fancy indexing + astype(int64))",
@@ -682,6 +687,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=1.0, help="per headline pass")
     parser.add_argument("--pictures", action="store_true",
                         help="only section 5 (resume and memory figures)")
+    parser.add_argument("--cpu", action="store_true",
+                        help="with --headline: batches per CPU second of this process (a "
+                             "loaded machine blurs it less than wall time)")
     parser.add_argument("--overlap", action="store_true",
                         help="only section 6 (a training loop's step time, default vs others)")
     args = parser.parse_args()
@@ -706,7 +714,7 @@ def main() -> None:
         for run in range(runs):
             if runs > 1:
                 print(f"run {run + 1} of {runs}, load {os.getloadavg()[0]:.2f}")
-            _headline(work / "corpus", peers, args.seconds, args.passes)
+            _headline(work / "corpus", peers, args.seconds, args.passes, args.cpu)
         if args.headline:
             return
         windows = open_dataset(work / "corpus").windows(SEQ_LEN, columns=COLUMNS)
