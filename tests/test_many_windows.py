@@ -169,6 +169,7 @@ def test_a_mixture_reads_its_windows_in_one_call(corpora: list[Path]) -> None:
         slow = Mixture({n: Wrapped(w) for n, w in windows.items()}, weights, seed=4,
                        length=2_000, block_size=64)
         assert fast._windows() is not None and slow._windows() is None
+        assert fast.reads_wait is False and slow.reads_wait is True  # local files only
         for positions in (np.arange(100, 164), np.arange(60, 70), np.array([5, 1999, 7, 5]),
                           np.arange(0, 2_000, 37)):
             got, want = fast.read(positions), slow.read(positions)

@@ -265,6 +265,13 @@ class Mixture:
                 f"stages={len(self._order.stages)}, seed={self._seed})")
 
     @property
+    def reads_wait(self) -> bool:
+        """False when every source says its reads never wait (local files:
+        the Loader's automatic ``num_threads`` then reads in the caller's
+        thread), else True."""
+        return not all(getattr(s, "reads_wait", True) is False for s in self._sources.values())
+
+    @property
     def collate(self) -> Callable[..., Any] | None:
         """The sources' own collation when they share one (windows: the varlen
         contract's flat ``cu_seqlens``; what ``Loader`` calls for its
