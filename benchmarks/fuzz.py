@@ -9,8 +9,10 @@ itself, for in-memory readers). Register another with ``register``; a read
 function turns its surface's contract into these outcomes (raise
 ``FormatError`` for an expected refusal, anything else is an escape).
 
-Surfaces: the readers (``stream``, ``stream-s3``, ``llmbatch``, ``frames``,
-``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``, ``npy-dtypes``
+Surfaces: the readers (``stream``, ``stream-s3``, ``llmbatch`` (with its
+``verify``: a read failing where it passed is a false pass), ``frames``,
+``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``, ``npy-dtypes`` (with
+``verify_npy`` for each output dtype)
 and the peer formats ``megatron``, ``datatrove``, ``litdata``, ``hf``, ``mds``,
 ``mds-bytes``);
 ``stream-sealed`` (token-stream datasets whose manifest
@@ -289,12 +291,20 @@ def _batch_seeds() -> list[Files]:
 
 def _read_batch(folder: Path, files: Files) -> None:
     from zerobatch.batch_loader import BatchFileReader, is_batch_file
+    from zerobatch.llmbatch.verify import verify
 
     path = folder if "manifest.json" in files else folder / next(iter(files), "data.batch")
     is_batch_file(path)
-    with BatchFileReader(path) as reader:
-        for i in range(len(reader)):
-            int(np.asarray(reader.read_batch(i), dtype=np.int64).sum())
+    try:
+        with BatchFileReader(path) as reader:
+            for i in range(len(reader)):
+                int(np.asarray(reader.read_batch(i), dtype=np.int64).sum())
+            reader.fingerprint  # noqa: B018  (reads the first and last batches)
+    except FormatError as error:
+        if not verify(path):
+            raise FalsePass(str(error)) from error
+        raise
+    verify(path)
 
 
 def _columnar_batch() -> Any:
@@ -582,7 +592,7 @@ def _read_hf_ranged(folder: Path, files: Files) -> None:
         ds.verify()
 
 
-PEERS = ("megatron", "datatrove", "litdata", "hf", "hf_ranged", "mds")
+PEERS = ("megatron", "datatrove", "litdata", "hf", "hf_ranged", "mds", "mds-bytes")
 for _target in (
     Target("hf_ranged", _hf_seeds, _read_hf_ranged),
     Target("megatron", _megatron_seeds, _read_peer("megatron")),
@@ -647,6 +657,14 @@ def _cli_seeds() -> list[Files]:
                                   "--batch-size", "2", "--seed", "3"]).encode(),
          "in.jsonl": lines},
     ]
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({"[UNK]": 0, "doc": 1, "</s>": 2, **{
+        str(i): 3 + i for i in range(12)}}, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    seeds.append({"argv.json": json.dumps([*convert[:5], "{dir}/tok.json",
+                                           *convert[6:]]).encode(),
+                  "in.jsonl": lines, "tok.json": words.to_str().encode()})
     for stream_seed in _stream_seeds()[:2]:
         for argv in (["verify", "{dir}"], ["inspect", "{dir}"],
                      ["bench", "{dir}", "--seq-len", "4", "--batch-size", "2", "--seconds",
@@ -982,11 +1000,18 @@ def _npy_more_seeds() -> list[Files]:
 
 def _read_npy_all(folder: Path, files: Files) -> None:
     from zerobatch import stream
+    from zerobatch.stream.npy import verify_npy
 
-    with stream.open_dataset(folder) as tokens:
-        for seq_len, dtype in ((3, "int64"), (2, "int32")):
-            windows = tokens.windows(seq_len, dtype=dtype)
-            windows.read(np.arange(len(windows)))
+    for seq_len, dtype in ((3, "int64"), (2, "int32")):
+        try:
+            with stream.open_dataset(folder) as tokens:
+                windows = tokens.windows(seq_len, dtype=dtype)
+                windows.read(np.arange(len(windows)))
+        except FormatError as error:
+            if not verify_npy(folder, dtype=dtype):
+                raise FalsePass(f"dtype {dtype}: {error}") from error
+            raise
+        verify_npy(folder, dtype=dtype)
 
 
 for _target in (

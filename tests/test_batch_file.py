@@ -593,3 +593,85 @@ def test_native_loader_refuses_another_files_state_and_loads_the_older_form(
         with pytest.raises(ValueError, match="seed"):
             resumed.load_state_dict({**older, "seed": 2})
     loader.close()
+
+
+# ----------------------------------------------------------------- verify
+
+
+def _batch_sources(root: Path) -> dict[str, Path]:
+    """A uint32 file, a uint16 file and a shard folder, written by the writers."""
+    tokens = np.arange(30 * 6, dtype=np.uint32).reshape(30, 6)
+    write_batch_file(root / "a.batch", tokens, 4, 6, 3)
+    write_batch_file(root / "b.batch", tokens[:9].astype(np.uint16), 2, 6, 1, dtype="uint16")
+    write_batch_dataset(root / "s", iter(tokens), 30, 4, 6, 3, batches_per_shard=3)
+    return {"a.batch": root / "a.batch", "b.batch": root / "b.batch", "s": root / "s"}
+
+
+def _read_everything(path: Path, dtype: str) -> None:
+    """Every read of a batch file: each batch as a view, as a Batch, as torch
+    tensors of ``dtype``, the fingerprint, and an epoch of the native loader
+    (an id that wrapped negative in an int32 output counts as a failed read)."""
+    with BatchFileReader(path) as reader:
+        for i in range(len(reader)):
+            assert np.asarray(reader.read_batch(i)).shape == (reader.batch_size, reader.seq_len)
+            tensor = reader.read_batch_torch(i, dtype=dtype)
+            assert int(tensor.min()) >= 0
+        reader.read(np.arange(len(reader)))
+        assert reader.fingerprint
+    steps = list(BatchNativeLoader(path, block_size=2, seed=1, dtype=dtype))
+    assert steps and all(int(step.min()) >= 0 for step in steps)
+
+
+def test_verify_names_every_problem_of_a_batch_file(tmp_path: Path) -> None:
+    from zerobatch.llmbatch.verify import verify
+
+    paths = _batch_sources(tmp_path)
+    assert all(verify(path) == [] for path in paths.values())
+    raw = bytearray(paths["a.batch"].read_bytes())
+    raw[200] = 1  # a reserved header byte
+    raw[HEADER_SIZE + 4 * 6 * 4 + 3] = 9  # slot 0's padding
+    raw[HEADER_SIZE + 8:HEADER_SIZE + 12] = (2**31 + 1).to_bytes(4, "little")  # an id >= 2**31
+    paths["a.batch"].write_bytes(bytes(raw))
+    assert {p.field for p in verify(paths["a.batch"])} == {"reserved", "padding"}
+    assert {p.field for p in verify(paths["a.batch"], dtype="int32")} == {
+        "reserved", "padding", "tokens"}
+    manifest = json.loads((paths["s"] / "manifest.json").read_text())
+    manifest["shards"][1]["bytes"] += 1
+    manifest["shards"][0]["num_batches"] = 2
+    (paths["s"] / "manifest.json").write_text(json.dumps(manifest))
+    shard = paths["s"] / manifest["shards"][2]["name"]
+    shard.write_bytes(shard.read_bytes()[:-1])
+    found = {(Path(p.path).name, p.field) for p in verify(paths["s"])}
+    assert found == {(manifest["shards"][0]["name"], "num_batches"),
+                     (manifest["shards"][1]["name"], "bytes"),
+                     (manifest["shards"][2]["name"], "num_batches")}
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(source=st.sampled_from(["a.batch", "b.batch", "s"]), dtype=st.sampled_from(
+    ["int64", "int32"]), edits=st.lists(st.tuples(st.integers(0, 2**20), st.sampled_from(
+        [0, 1, 2, 7, 255, 2**31, 2**32 - 1, 2**63])), min_size=1, max_size=3),
+       target=st.integers(0, 100), cut=st.none() | st.integers(0, 2**20))
+def test_verify_passing_means_every_read_succeeds(tmp_path_factory: pytest.TempPathFactory,
+                                                  source: str, dtype: str,
+                                                  edits: list[tuple[int, int]], target: int,
+                                                  cut: int | None) -> None:
+    """Mutated files (integers written at any offset of one file, header or
+    manifest included, or a file cut short): when ``verify(dtype=...)`` finds
+    nothing, every read of that output dtype succeeds."""
+    from zerobatch.llmbatch.verify import verify
+
+    path = _batch_sources(tmp_path_factory.mktemp("verify"))[source]
+    files = sorted(path.iterdir()) if path.is_dir() else [path]
+    victim = files[target % len(files)]
+    raw = bytearray(victim.read_bytes())
+    for at, value in edits:
+        at %= max(1, len(raw))
+        width = 8 if value >= 2**32 else 4
+        raw[at:at + width] = (value % 2 ** (8 * width)).to_bytes(width, "little")
+    if cut is not None:
+        raw = raw[:cut % (len(raw) + 1)]
+    victim.write_bytes(bytes(raw))
+    if verify(path, dtype=dtype) == []:
+        _read_everything(path, dtype)

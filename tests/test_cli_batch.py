@@ -66,3 +66,29 @@ def test_console_script_runs(batch_file: Path) -> None:
         check=False,
     )
     assert done.returncode == 0 and "LLMBATCH version 1" in done.stdout
+
+
+def test_verify_batch_files_and_npy_folders(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """zerobatch verify checks a .batch file, a shard folder and a .npy folder
+    with their own validators: OK and 0, or one line per problem and 1
+    (``--dtype int32``: ids an int32 read would wrap)."""
+    tokens = np.arange(16 * 4, dtype=np.uint32).reshape(16, 4)
+    write_batch_file(tmp_path / "a.batch", tokens, 2, 4, 1)
+    write_batch_dataset(tmp_path / "s", iter(tokens), 16, 2, 4, 1, batches_per_shard=3)
+    (tmp_path / "npy").mkdir()
+    np.save(tmp_path / "npy" / "0.npy", np.array([1, 2, 2**31], dtype="<u8"))
+    for path in ("a.batch", "s", "npy"):
+        assert main(["verify", str(tmp_path / path)]) == 0
+        assert capsys.readouterr().out.strip().endswith(": OK")
+    assert main(["verify", str(tmp_path / "npy"), "--dtype", "int32"]) == 1
+    out = capsys.readouterr().out
+    assert "1 problem(s)" in out and "0.npy: data: token id 2147483648 at record 2" in out
+    raw = bytearray((tmp_path / "a.batch").read_bytes())
+    raw[12:16] = (3).to_bytes(4, "little")  # batch_size: the size no longer matches
+    (tmp_path / "a.batch").write_bytes(bytes(raw))
+    raw[:8] = b"NOTBATCH"  # and a file that lost its magic is still checked as one
+    (tmp_path / "b.batch").write_bytes(bytes(raw))
+    for name, field in (("a.batch", "total_records"), ("b.batch", "magic")):
+        assert main(["verify", str(tmp_path / name)]) == 1
+        assert f"{name}: {field}: " in capsys.readouterr().out

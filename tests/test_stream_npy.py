@@ -77,3 +77,56 @@ def test_token_ids_that_do_not_fit_raise(tmp_path: Path, stored: str, value: int
     with pytest.raises(FormatError, match=rf"token id {value} at record 3 .*{message}") as info:
         windows.read([0, 3])  # stream token 13: record 3 of 1.npy
     assert str(info.value.path).endswith("1.npy")
+
+
+def test_verify_npy_names_every_file(tmp_path: Path) -> None:
+    """verify_npy reports each bad file (header, dtype, an id the output dtype
+    cannot hold) instead of stopping at the first, naming file and field."""
+    from zerobatch.stream.npy import verify_npy
+
+    np.save(tmp_path / "0.npy", np.arange(10, dtype="<i4"))
+    assert verify_npy(tmp_path) == [] and verify_npy(tmp_path, dtype="int32") == []
+    np.save(tmp_path / "1.npy", np.array([5, -2, 7], dtype="<i4"))
+    np.save(tmp_path / "2.npy", np.arange(3, dtype="<u2"))
+    (tmp_path / "3.npy").write_bytes(b"\x93NUMPY\x01\x00")
+    found = {(Path(p.path).name, p.field) for p in verify_npy(tmp_path)}
+    assert found == {("1.npy", "data"), ("2.npy", "descr"), ("3.npy", "header")}
+
+
+_NPY_DTYPES = ("<u2", "<i4", "<u8", "<i8", "|u1", "<u4", "<i2", "|i1")
+
+
+@settings(max_examples=150, deadline=None)
+@given(stored=st.sampled_from(_NPY_DTYPES), dtype=st.sampled_from(["int64", "int32"]),
+       sizes=st.lists(st.integers(0, 40), min_size=1, max_size=3),
+       edits=st.lists(st.tuples(st.integers(0, 4096), st.sampled_from(
+           [0, 1, 7, 0x7F, 0xFF, 2**15, 2**31, 2**32 - 1, 2**63, 2**64 - 1])), max_size=3),
+       target=st.integers(0, 10), cut=st.none() | st.integers(0, 4096))
+def test_verify_npy_passing_means_every_read_succeeds(
+        stored: str, dtype: str, sizes: list[int], edits: list[tuple[int, int]],
+        target: int, cut: int | None) -> None:
+    """Mutated .npy folders (integers written at any offset of one file, its
+    header included, or the file cut short): when ``verify_npy(dtype=...)``
+    finds nothing, every window read into that dtype succeeds, at any length."""
+    from zerobatch.stream.npy import verify_npy
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        top = min(int(np.iinfo(stored).max), 2**31 - 1)
+        for i, size in enumerate(sizes):
+            np.save(folder / f"{i:05d}.npy", (np.arange(size) * 7919 % (top + 1)).astype(stored))
+        victim = folder / f"{target % len(sizes):05d}.npy"
+        raw = bytearray(victim.read_bytes())
+        for at, value in edits:
+            at %= len(raw)
+            width = 8 if value >= 2**32 else (4 if value >= 2**16 else 2)
+            raw[at:at + width] = (value % 2 ** (8 * width)).to_bytes(width, "little")
+        if cut is not None:
+            raw = raw[:cut % (len(raw) + 1)]
+        victim.write_bytes(bytes(raw))
+        if verify_npy(folder, dtype=dtype) != []:
+            return
+        with open_npy(folder) as tokens:
+            for seq_len in (1, 3, 8):
+                windows = tokens.windows(seq_len, dtype=dtype)
+                windows.read(np.arange(len(windows)))

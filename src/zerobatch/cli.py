@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -244,7 +245,11 @@ def _build_parser() -> argparse.ArgumentParser:
                               "the first source ends its first pass)")
     verify = _command(commands, "verify", "check a dataset's checksums and structure",
                       "zerobatch verify data")
-    verify.add_argument("path", help="a dataset folder or s3:// gs:// az:// URL")
+    verify.add_argument("path", help="a dataset folder or s3:// gs:// az:// URL, a .batch "
+                        "file or shard folder, or a folder of .npy files")
+    verify.add_argument("--dtype", default="int64", choices=("int64", "int32"),
+                        help="for .batch files and .npy folders: the output dtype every "
+                             "token id must fit (default int64)")
     bench = _command(commands, "bench", "time the README's Loader (defaults, document "
                      "masking, tuned) against np.memmap on this dataset",
                      "zerobatch bench data --seq-len 2048 --batch-size 32")
@@ -285,9 +290,18 @@ def _run(args: argparse.Namespace) -> int:
             print(f"wrote {args.plot}")
     elif args.command == "verify":
         from zerobatch import peers, stream
+        from zerobatch.llmbatch import is_batch_file
+        from zerobatch.llmbatch.verify import verify as verify_batches
         from zerobatch.storage import is_url
+        from zerobatch.stream.npy import is_npy_folder, verify_npy
 
-        if (is_url(args.path) or not stream.is_dataset(args.path)) \
+        local = not is_url(args.path)
+        if local and (is_batch_file(args.path) or (args.path.endswith(".batch")
+                                                   and os.path.isfile(args.path))):
+            problems = verify_batches(args.path, dtype=args.dtype)
+        elif local and is_npy_folder(args.path):
+            problems = verify_npy(args.path, dtype=args.dtype)
+        elif (is_url(args.path) or not stream.is_dataset(args.path)) \
                 and peers.detect_path(args.path):
             with peers.open_peer(args.path) as dataset:  # peer files: their own checks
                 problems = dataset.verify()

@@ -21,6 +21,7 @@ from zerobatch._output_dtype import CASTS, output_dtype
 from zerobatch._text import format_table
 from zerobatch.columnar import Batch, BatchMeta
 from zerobatch.errors import FormatError
+from zerobatch.llmbatch import validate
 from zerobatch.llmbatch.format import (
     HEADER_SIZE,
     MAGIC,
@@ -249,45 +250,14 @@ class BatchFileReader:
         """Open every shard (``openers``) and check it against the manifest."""
         for position, opener in enumerate(openers):
             shard = opener()
-            shard_path = shard.path
             self._shards.append(shard)
-            h = shard.header
-            expected = manifest["shards"][position].get("num_batches")
-            for field, found, wanted in (
-                ("batch_size", h.batch_size, manifest["batch_size"]),
-                ("seq_len", h.seq_len, manifest["seq_len"]),
-                ("dtype", h.dtype, manifest["dtype_code"]),
-                ("seed", h.seed, manifest["seed"]),
-                ("num_batches", h.num_batches, expected),
-            ):
-                if found != wanted:
-                    raise FormatError(
-                        f"shard header has {field}={found}, manifest says {wanted}",
-                        path=shard_path,
-                        field=field,
-                    )
-        per_shard = self._shards[0].header.num_batches
-        for shard in self._shards[:-1]:
-            if shard.header.num_batches != per_shard:
-                raise FormatError(
-                    f"every shard but the last must hold {per_shard} batches, "
-                    f"found {shard.header.num_batches}",
-                    path=shard.path,
-                    field="num_batches",
-                )
-        if self._shards[-1].header.num_batches > per_shard:
-            raise FormatError(
-                f"the last shard holds more than {per_shard} batches",
-                path=self._shards[-1].path,
-                field="num_batches",
-            )
-        total = sum(shard.header.num_batches for shard in self._shards)
-        if total != manifest["num_batches"]:
-            raise FormatError(
-                f"shards hold {total} batches, manifest says {manifest['num_batches']}",
-                path=manifest_path,
-                field="num_batches",
-            )
+            for field, message in validate.against_manifest(shard.header, manifest, position):
+                raise FormatError(message, path=shard.path, field=field)
+        counts = [shard.header.num_batches for shard in self._shards]
+        for at, field, message in validate.shard_counts(counts, manifest["num_batches"]):
+            where = manifest_path if at is None else self._shards[at].path
+            raise FormatError(message, path=where, field=field)
+        total = sum(counts)
         self.num_batches = total
         self.seed = manifest["seed"]
         self.total_records = manifest["total_records"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from zerobatch.stream.combine import combine
 from zerobatch.stream.manifest import Tokenizer, is_dataset
-from zerobatch.stream.npy import NpyTokens, NpyWindows, open_npy
+from zerobatch.stream.npy import NpyTokens, NpyWindows, open_npy, verify_npy
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows, open_dataset
 from zerobatch.stream.spans import Spans, SpanTable
 from zerobatch.stream.verify import Problem, describe, format_problems, verify
@@ -40,4 +40,5 @@ __all__ = [
     "open_dataset",
     "open_npy",
     "verify",
+    "verify_npy",
 ]

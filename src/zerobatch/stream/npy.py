@@ -25,7 +25,7 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -38,7 +38,10 @@ from zerobatch.storage import LocalStorage, Storage
 from zerobatch.stream import _kernels as k
 from zerobatch.stream._arena import Arena
 
-__all__ = ["MAX_HEADER", "NpyTokens", "NpyWindows", "is_npy_folder", "open_npy"]
+if TYPE_CHECKING:
+    from zerobatch.stream.verify import Problem
+
+__all__ = ["MAX_HEADER", "NpyTokens", "NpyWindows", "is_npy_folder", "open_npy", "verify_npy"]
 
 MAX_HEADER = 1 << 16  # bytes of a .npy preamble + header dict that we agree to parse
 _SUFFIX = ".npy"
@@ -83,6 +86,75 @@ def _parse_header(prefix: bytes, size: int, name: str) -> tuple[np.dtype, int, i
     return dtype.newbyteorder("<"), tokens, offset
 
 
+def _one_dtype(first: np.dtype | None, dtype: np.dtype, path: str, first_path: str) -> np.dtype:
+    """The stream's dtype once file ``path`` (of ``dtype``) joins it: every
+    file shares the first file's (``first``; None for the first file)."""
+    if first is not None and dtype != first:
+        raise FormatError(f"token dtype {dtype.str!r} differs from {first.str!r} in "
+                          f"{first_path}; all files must share one dtype", path=path,
+                          field="descr")
+    return dtype
+
+
+def verify_npy(path: str | os.PathLike[str], *, dtype: Any = "int64") -> list[Problem]:
+    """Every problem of the ``.npy`` folder at ``path``, each naming the file
+    and field: the checks ``open_npy`` runs (each file's header and size, one
+    dtype), for every file, then every token id against the bounds a read
+    into ``dtype`` (``"int64"`` or ``"int32"``) checks, with the read's own
+    ``id_bounds``. Empty when every read into ``dtype`` succeeds. Reads every
+    byte once, ``CHUNK`` bytes at a time."""
+    from zerobatch.stream.validate import CHUNK
+    from zerobatch.stream.verify import Problem
+
+    out = output_dtype(dtype, allowed=CASTS)
+    assert out is not None  # CASTS holds no "stored"
+    folder = Path(path)
+    if not folder.is_dir():
+        return [Problem(folder, "folder", "not a folder of .npy files")]
+    names = sorted(p.name for p in folder.glob(f"*{_SUFFIX}") if p.is_file())
+    if not names:
+        return [Problem(folder, "files", f"no {_SUFFIX} files")]
+    problems: list[Problem] = []
+    first: np.dtype | None = None
+    for name in names:
+        file = folder / name
+        try:
+            with open(file, "rb", buffering=0) as handle:
+                size = os.fstat(handle.fileno()).st_size
+                file_dtype, count, offset = _parse_header(handle.read(min(size, MAX_HEADER)),
+                                                          size, str(file))
+            first = _one_dtype(first, file_dtype, str(file), str(folder / names[0]))
+        except FormatError as error:
+            prefix = f"{error.path}: field {error.field!r}: "
+            problems.append(Problem(file, error.field or "header",
+                                    str(error).removeprefix(prefix)))
+            continue
+        except OSError as error:
+            problems.append(Problem(file, "file", f"cannot be read ({error.strerror})"))
+            continue
+        low_high = id_bounds(file_dtype, out)
+        if low_high.shape[0] == 0 or count == 0:
+            continue
+        tokens = np.memmap(file, file_dtype, "r", offset, (count,))
+        step = max(1, CHUNK // file_dtype.itemsize)
+        for start in range(0, count, step):
+            part = tokens[start:start + step]
+            bad = np.flatnonzero((part < low_high[0]) | (part > low_high[1]))
+            if bad.size:
+                refused = token_error(file, "data", int(part[bad[0]]), start + int(bad[0]),
+                                      file_dtype, out)
+                problems.append(Problem(file, "data", str(refused).removeprefix(
+                    f"{file}: field 'data': ")))
+                break
+        del tokens
+    if not problems:  # the reader's own open: whatever it refuses is reported
+        try:
+            open_npy(folder).close()
+        except FormatError as error:
+            problems.append(Problem(error.path or folder, error.field or "file", str(error)))
+    return problems
+
+
 class NpyTokens:
     """The ``.npy`` files of one folder or prefix: one token stream. Create with
     ``open_npy``.
@@ -107,12 +179,7 @@ class NpyTokens:
             prefix = bytearray(min(size, MAX_HEADER))
             got = storage.readinto(handle, 0, prefix)
             file_dtype, count, offset = _parse_header(bytes(prefix[:got]), size, path)
-            if dtype is None:
-                dtype = file_dtype
-            elif file_dtype != dtype:
-                raise FormatError(f"token dtype {file_dtype.str!r} differs from "
-                                  f"{dtype.str!r} in {self._paths[0]}; all files must "
-                                  "share one dtype", path=path, field="descr")
+            dtype = _one_dtype(dtype, file_dtype, path, self._paths[0])
             handles.append(handle)
             counts.append(count)
             offsets.append(offset)
