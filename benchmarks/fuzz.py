@@ -701,8 +701,8 @@ def _read_cli(folder: Path, files: Files) -> None:
                           field="argv")
     for i in range(1, len(argv)):  # bench runs as long as asked: a short while here
         with contextlib.suppress(ValueError, OverflowError):
-            if argv[i - 1] == "--seconds" and float(argv[i]) > 0.05:
-                argv[i] = "0.05"
+            if argv[i - 1] == "--seconds" and float(argv[i]) > 0.002:
+                argv[i] = "0.002"
     for name in ("out", ".out.convert", "cwd"):  # what the previous input wrote
         shutil.rmtree(folder / name, ignore_errors=True)
         with contextlib.suppress(OSError):
