@@ -46,6 +46,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch._readers import Readers, Waits
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan, Planned, Position
@@ -556,6 +557,7 @@ class _Iterator:
         self._finalizer: Any = None
         threads = loader._reader_threads()
         self._waits = Waits() if threads is None else None  # automatic: caller first
+        self._end = None if loader._epochs is None else self._position.epoch + loader._epochs
         if threads:
             self._start(threads)
         self._done = False
@@ -568,6 +570,7 @@ class _Iterator:
                                  loader._prefetch, threads)
         self._finalizer = weakref.finalize(self, self._readers.stop, wait=False)
         loader._threads = self._readers
+        _forksafe.register(self)
 
     def __iter__(self) -> _Iterator:
         return self
@@ -599,6 +602,20 @@ class _Iterator:
         position = self._position  # received: at the step after this one
         position.epoch, position.consumed = planned[1]
         return item
+
+    def _after_fork(self) -> None:
+        """In a forked child: the reader threads stayed in the parent (the steps
+        they claimed with them), so the rest of the pass is read in the caller's
+        thread, from the step after the last one received."""
+        if self._readers is None:
+            return
+        self._finalizer.detach()
+        if self._loader._threads is self._readers:
+            self._loader._threads = None
+        self._readers = None
+        position = self._position
+        epochs = None if self._end is None else max(0, self._end - position.epoch)
+        self._steps = position.planned(epochs, self._loader._rank)
 
     def close(self) -> None:
         """Stop the reader threads and join them (each finishes its read)."""

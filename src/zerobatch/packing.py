@@ -81,7 +81,6 @@ import bisect
 import dataclasses
 import functools
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,6 +89,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch import _packing_kernels as pk
 from zerobatch.columnar import Batch, FieldSchema, Jagged
 from zerobatch.plan import Plan, Planned, epoch_seed
@@ -299,7 +299,7 @@ class PackedRows:
         if self._windows_per_epoch > _WINDOW_MASK + 1:
             raise ValueError(f"{self._documents} documents make more than 2**{_WINDOW_BITS} "
                              f"windows of {self.window}; raise window")
-        self._lock = threading.RLock()
+        self._lock = _forksafe.rlock()
         self._cache: OrderedDict[tuple[int, int], _Window] = OrderedDict()
         self._walks: OrderedDict[int, _Walk] = OrderedDict()
         self._stats: OrderedDict[int, np.ndarray] = OrderedDict()

@@ -32,12 +32,13 @@ anything changed (``DataLoader.load_state_dict`` accepts such a state as it is).
 On this route the main process's ``loader`` never moves, so its
 ``state_dict()`` warns.
 
-WARNING: worker processes are forked (the default start method on Linux)
-from the main process; a Loader iterating there with reader threads over the
-*same* source object at that moment can hold the source's lock across the fork,
-and the child then waits on it forever. Give the worker route its own source
-object, or ``num_threads=0`` to a Loader iterated beside it, or
-``multiprocessing_context="spawn"``.
+Worker processes are forked (the default start method on Linux) from the main
+process, also while a Loader there reads the *same* source object with reader
+threads: a forked child finds every lock of the source unlocked, and a pass
+begun before the fork goes on in the child's own thread (``zerobatch._forksafe``).
+Object storage (``s3://``, ...) is the exception: obstore is not fork-safe, so a
+forked worker's read raises ``StorageError``; use
+``multiprocessing_context="spawn"`` there.
 
 WARNING: keep the DataLoader's default ``in_order=True`` and
 ``persistent_workers=False``: the position assumes the round robin's order, and

@@ -46,10 +46,9 @@ def main() -> None:
     options = parser.parse_args()
     dist.init_process_group("gloo")
     windows = open_dataset(options.data).windows(SEQ_LEN)
-    # rank: torch.distributed. No reader threads: DataLoader workers fork from this
-    # process, and a fork while a reader thread holds the shared source's lock
-    # leaves the child waiting on it forever (see zerobatch.torch's WARNING).
-    loader = Loader(windows, options.batch_size, seed=3, output="numpy", num_threads=0)
+    # rank: torch.distributed. Its reader threads read the source the DataLoader
+    # workers forked from this process read too (tests/test_fork.py's case).
+    loader = Loader(windows, options.batch_size, seed=3, output="numpy")
     data = DataLoader(Loader(windows, options.batch_size, seed=4), num_workers=options.workers)
     stateful = StatefulDataLoader(LoaderDataset(Loader(windows, options.batch_size, seed=5)),
                                   batch_size=None, num_workers=1)

@@ -33,8 +33,8 @@ class Module(L.LightningModule):
     def __init__(self, data: str, workers: int, log: str) -> None:
         super().__init__()
         windows = open_dataset(data).windows(SEQ_LEN)
-        # no reader threads: the other route's DataLoader workers fork from this process
-        self.loader = Loader(windows, BATCH, seed=1, num_threads=0)
+        # reader threads beside the other route's DataLoader workers, forked from here
+        self.loader = Loader(windows, BATCH, seed=1)
         self.data = DataLoader(Loader(windows, BATCH, seed=2), num_workers=workers)
         self.layer = torch.nn.Linear(SEQ_LEN, 1)
         self.log_path = log

@@ -35,6 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from zerobatch import _forksafe
 from zerobatch.storage.protocol import Storage
 
 __all__ = ["BLOCK_SIZE", "CACHE_BYTES", "CACHE_DIR_BYTES", "BlockCache", "BlockSource"]
@@ -97,7 +98,7 @@ class BlockCache:
         self._blocks: OrderedDict[tuple[str, int], npt.NDArray[np.uint8]] = OrderedDict()
         self._held = 0  # bytes in self._blocks
         self._written = 0  # bytes this process wrote to cache_dir since its last scan
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     @property
     def block_size(self) -> int:

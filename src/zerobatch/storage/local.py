@@ -48,7 +48,6 @@ import functools
 import mmap
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -59,6 +58,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
+from zerobatch import _forksafe
 from zerobatch.storage.protocol import byte_view, check_buffer
 
 __all__ = [
@@ -320,7 +320,7 @@ class LocalStorage:
         self._method = resolve_method(method, self._root)
         self._handles: dict[str, int] = {}
         self._files = _Files()
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     @property
     def root(self) -> Path:

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch.errors import StorageError
 from zerobatch.storage.blocks import BLOCK_SIZE, CACHE_BYTES, CACHE_DIR_BYTES, BlockCache
 from zerobatch.storage.protocol import byte_view, check_buffer
@@ -220,7 +221,7 @@ class ObjectStorage:
             self._store = obstore.store.from_url(self._base, **self._options)
         except (TypeError, ValueError, obstore.exceptions.BaseError) as error:
             raise ValueError(f"{url}: bad storage_options ({_cause(error)})") from error
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
         self._listed: dict[str, int] | None = None
         self._tags: dict[str, str] = {}
         self._blocks = BlockCache(self, block_size=block_size, cache_bytes=cache_bytes,

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import math
 import sys
-import threading
 
 import numpy as np
+
+from zerobatch import _forksafe
 
 __all__ = ["ALIGN", "Arena", "carve"]
 
@@ -32,7 +33,7 @@ class Arena:
     def __init__(self, *, keep: int = 8) -> None:
         self._buffers: list[np.ndarray] = []
         self._keep = keep
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of at least ``nbytes`` bytes (contents undefined)."""

@@ -16,7 +16,6 @@ Document offsets are, per shard, ``documents + 1`` ``<u8`` record offsets from
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -24,6 +23,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import typed
 
+from zerobatch import _forksafe
 from zerobatch.errors import FormatError
 from zerobatch.storage import Storage
 from zerobatch.stream import _kernels as k
@@ -87,7 +87,7 @@ class MappedIndex:
         self._entries = np.array([s.metadata_entries or 0 for s in shards], dtype=np.int64)
         self._shard_ids = np.arange(len(shards), dtype=np.int64)
         self._tables: dict[str, typed.List] = {}
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     def view(
         self, pieces: npt.NDArray[np.int64], obs_begin: npt.NDArray[np.int64],

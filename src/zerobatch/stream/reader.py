@@ -17,7 +17,6 @@ All three are immutable and thread-safe: any number of threads may call
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Mapping, Sequence
 from itertools import compress
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import typed
 
+from zerobatch import _forksafe
 from zerobatch._output_dtype import id_bounds, output_dtype, token_error
 from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
 from zerobatch.columnar.schema import normalize_column
@@ -101,7 +101,7 @@ class Dataset:
         self._token_handles = np.full(len(shards), -1, dtype=np.int64)  # -1: not open yet
         self._index = self._make_index()
         self._arena = Arena()
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
         self._closed = False
 
     def _make_index(self) -> Index:

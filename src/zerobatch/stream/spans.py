@@ -24,7 +24,6 @@ decode callable). Over the wire (``Batch.to_frames``) it travels as a list of
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice, repeat
 from typing import Any, overload
@@ -32,6 +31,7 @@ from typing import Any, overload
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch.columnar import wire
 from zerobatch.errors import FormatError
 
@@ -73,7 +73,7 @@ class SpanTable:
         self._decode: Callable[[], list[Any]] | None = decode
         self._values: list[Any] | None = None
         self._rows: list[tuple[int, int, Any]] | None = None
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     @classmethod
     def from_lists(cls, observations: Sequence[Sequence[Sequence[Any]]]) -> SpanTable:
