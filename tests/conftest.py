@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Iterator
 
@@ -30,3 +31,16 @@ def s3_proxy(s3: S3Server) -> Iterator[FaultProxy]:
     proxy = FaultProxy(s3.endpoint)
     yield proxy
     proxy.stop()
+
+
+@pytest.fixture(autouse=True)
+def _start_method_kept() -> Iterator[None]:
+    """A test that changes multiprocessing's global start method (litdata's
+    optimize sets spawn) fails: every later DataLoader of the session would start
+    its workers another way than the tests mean (spawned workers cost seconds)."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    yield
+    after = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method(method, force=True)
+    assert after == method, f"the start method changed from {method} to {after}: restore it"
+

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import multiprocessing
-import os
-import random
 import signal
 import subprocess
 import sys
@@ -25,6 +22,8 @@ from zerobatch import Batch, Loader, StreamWriter, open_dataset
 from zerobatch.batch_loader import BatchFileReader
 from zerobatch.batch_writer import write_batch_file
 from zerobatch.plan import Plan
+
+from support.resumed_loops import kill_and_resume, loader_loop  # isort: skip
 
 
 @pytest.fixture(scope="session")
@@ -407,53 +406,15 @@ def test_bad_input(windows):
         Loader(ds.windows(8), 2, seed=1).load_state_dict(state)
 
 
-def _child(folder: Path, log: Path, checkpoint: Path, kill_at: int | None) -> None:
-    """Iterate one epoch; log each batch's indices; save (state, log length) every 3 steps;
-    SIGKILL itself once the log has ``kill_at`` lines (reader threads mid-flight)."""
-    loader = Loader(open_dataset(folder).windows(16), 4, seed=11, prefetch=3, num_threads=2,
-                    output="batch")
-    lines = 0
-    if checkpoint.exists():
-        saved = json.loads(checkpoint.read_text())
-        loader.load_state_dict(saved["state"])
-        lines = saved["lines"]
-    with open(log, "r+" if log.exists() else "w") as file:
-        file.truncate(sum(len(x) for x in file.readlines()[:lines]) if lines else 0)
-        file.seek(0, os.SEEK_END)
-        for step, batch in enumerate(loader, start=1):
-            file.write(" ".join(map(str, batch.meta.global_indexes)) + "\n")
-            file.flush()
-            lines += 1
-            if lines == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if step % 3 == 0:
-                tmp = checkpoint.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"state": loader.state_dict(), "lines": lines}))
-                os.replace(tmp, checkpoint)
-    (log.parent / "done").write_text("ok")
-
-
 def test_kill_and_resume_equals_one_epoch(corpus, tmp_path):
-    log, checkpoint = tmp_path / "log", tmp_path / "checkpoint.json"
+    """Twenty SIGKILLs at random steps (reader threads mid-flight), each run
+    resumed from its last checkpoint: the log equals one uninterrupted epoch."""
     windows = open_dataset(corpus).windows(16)
     expected = [list(b.meta.global_indexes) for b in Loader(windows, 4, seed=11, output="batch")]
-    context = multiprocessing.get_context("forkserver")  # no fork beside other threads
-    context.set_forkserver_preload(["zerobatch"])
-    rng = random.Random(0)
-    kills = 0
-    while not (tmp_path / "done").exists():
-        saved = json.loads(checkpoint.read_text())["lines"] if checkpoint.exists() else 0
-        target = saved + rng.randrange(1, 8) if kills < 20 else None  # a random point ahead
-        child = context.Process(target=_child, args=(corpus, log, checkpoint, target))
-        child.start()
-        child.join(60)
-        assert child.exitcode is not None
-        if child.exitcode == -signal.SIGKILL:
-            kills += 1
-        else:
-            assert child.exitcode == 0
+    log, checkpoint = tmp_path / "log", tmp_path / "checkpoint.json"
+    kill_and_resume(loader_loop, (corpus, log, checkpoint), checkpoint, tmp_path / "done",
+                    seed=0, ahead=8)
     got = [[int(x) for x in line.split()] for line in log.read_text().splitlines()]
-    assert kills == 20
     assert got == expected
 
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
-import os
-import random
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +17,9 @@ from zerobatch import Batch, Jagged, Loader, Mixture, StreamWriter, open_dataset
 from zerobatch.mixture import MixtureOrder, Stage
 from zerobatch.mixture.order import pass_order
 from zerobatch.plan import Plan
+
+from support.resumed_loops import (  # isort: skip
+    AFTER, BEFORE, CHANGE_FROM, kill_and_resume, mixture_loop, windows_mixture)
 
 ALL = ("weights", "sources", "length")
 
@@ -384,13 +383,8 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     return [_corpus(root / f"c{i}", i, 60 + 40 * i) for i in range(3)]
 
 
-def _windows_mixture(corpora: list[Path], weights: dict[str, float], length: int) -> Mixture:
-    return Mixture({f"c{i}": open_dataset(p).windows(8) for i, p in enumerate(corpora)},
-                   weights, seed=17, length=length, block_size=32)
-
-
 def test_through_the_loader_with_threads(corpora: list[Path]) -> None:
-    mix = _windows_mixture(corpora, {"c0": 0.2, "c1": 0.5, "c2": 0.3}, 1_000)
+    mix = windows_mixture(corpora, {"c0": 0.2, "c1": 0.5, "c2": 0.3}, 1_000)
     expected_sources, expected_index = mix.locate(np.arange(len(mix)))
     windows = [mix.sources[f"c{i}"] for i in range(3)]
     for world_size in (1, 3):
@@ -470,70 +464,19 @@ def test_output_jax_on_eight_devices(tmp_path: Path) -> None:
         np.testing.assert_array_equal(np.asarray(step["input_ids"]), batch["input_ids"])
 
 
-_BEFORE = {"c0": 0.5, "c1": 0.3, "c2": 0.2}
-_AFTER = {"c0": 0.1, "c1": 0.3, "c2": 0.6}
-_CHANGE_FROM = 30  # lines: the first resume at or past this many changes the weights
-
-
-def _kill_child(corpora: list[Path], log: Path, checkpoint: Path, kill_at: int | None) -> None:
-    """Train over the 3-source mixture, logging (position, source, first token) per
-    row; checkpoint every 3 steps; SIGKILL itself at line ``kill_at``. The first
-    resume from a checkpoint at ``_CHANGE_FROM`` lines or later changes the weights."""
-    lines, state, weights = 0, None, _BEFORE
-    if checkpoint.exists():
-        saved = json.loads(checkpoint.read_text())
-        state, lines = saved["state"], saved["lines"]
-        if lines >= _CHANGE_FROM:
-            weights = _AFTER
-    loader = Loader(_windows_mixture(corpora, weights, 800), 4, prefetch=3, num_threads=2,
-                    output="batch")
-    if state is not None:
-        loader.load_state_dict(state, allow={"weights"})
-    with open(log, "r+" if log.exists() else "w") as file:
-        file.truncate(sum(len(x) for x in file.readlines()[:lines]) if lines else 0)
-        file.seek(0, os.SEEK_END)
-        for step, batch in enumerate(loader, start=1):
-            rows = zip(batch.meta.global_indexes.tolist(), batch["source"].tolist(),
-                       batch["input_ids"][:, 0].tolist(), strict=True)
-            file.write(" ".join(f"{p}:{s}:{t}" for p, s, t in rows) + "\n")
-            file.flush()
-            lines += 1
-            if lines == kill_at:
-                os.kill(os.getpid(), signal.SIGKILL)
-            if step % 3 == 0:
-                tmp = checkpoint.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"state": loader.state_dict(), "lines": lines}))
-                os.replace(tmp, checkpoint)
-    (log.parent / "done").write_text("ok")
-
-
 def test_kill_and_resume_with_a_weight_change(corpora: list[Path], tmp_path: Path) -> None:
     log, checkpoint = tmp_path / "log", tmp_path / "checkpoint.json"
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["zerobatch"])
-    rng = random.Random(1)
-    kills = 0
-    while not (tmp_path / "done").exists():
-        saved = json.loads(checkpoint.read_text())["lines"] if checkpoint.exists() else 0
-        target = saved + rng.randrange(1, 8) if kills < 20 else None
-        child = context.Process(target=_kill_child, args=(corpora, log, checkpoint, target))
-        child.start()
-        child.join(120)
-        assert child.exitcode is not None
-        if child.exitcode == -signal.SIGKILL:
-            kills += 1
-        else:
-            assert child.exitcode == 0
-    assert kills == 20
+    kill_and_resume(mixture_loop, (corpora, log, checkpoint), checkpoint, tmp_path / "done",
+                    seed=1, ahead=8, timeout=120)
     got = [[tuple(int(v) for v in row.split(":")) for row in line.split()]
            for line in log.read_text().splitlines()]
     stages = json.loads(checkpoint.read_text())["state"]["source"]["stages"]
-    assert len(stages) == 2 and stages[1]["start"] >= _CHANGE_FROM * 4
+    assert len(stages) == 2 and stages[1]["start"] >= CHANGE_FROM * 4
     change = stages[1]["start"]
     # expected: the old weights up to the change, then the run resumed there with the new
-    before = _windows_mixture(corpora, _BEFORE, 800)
+    before = windows_mixture(corpora, BEFORE, 800)
     head = before.read(np.arange(change))
-    after = _windows_mixture(corpora, _AFTER, 800).resumed(
+    after = windows_mixture(corpora, AFTER, 800).resumed(
         before.state_dict(), epoch=0, consumed=change, allow={"weights"})
     tail = after.read(np.arange(change, 800))
     expected_rows = list(zip(range(800), [*head["source"].tolist(), *tail["source"].tolist()],

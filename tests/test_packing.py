@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-import random
-import signal
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,7 +16,7 @@ from zerobatch import Loader, StreamWriter, open_dataset
 from zerobatch import _packing_kernels as pk
 from zerobatch.packing import PackedRows
 
-from support._packing_child import train  # isort: skip
+from support.resumed_loops import kill_and_resume, packing_loop  # isort: skip
 
 DOCS = 240
 
@@ -322,41 +318,16 @@ def test_every_epoch_logged_with_its_losses(corpora, caplog):
     assert f"{d['dropped_tokens']} tokens dropped" in lines[1] and d["dropped_tokens"] > 0
 
 
-def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path, monkeypatch):
+def test_sigkill_fine_tuning_resumes_exactly(corpora, tmp_path):
     folder = corpora["long"]
     reference = tmp_path / "reference"
     reference.mkdir()
-    train(folder, reference / "log", reference / "none.json", None)
+    packing_loop(folder, reference / "log", reference / "none.json", None)
     run = tmp_path / "run"
     run.mkdir()
-    context = multiprocessing.get_context("forkserver")  # no fork beside other threads
-    # A forkserver started here preloads the loop's module, warm (Python 3.11's
-    # forkserver imports its preloads on the PYTHONPATH it inherits, not sys.path).
-    here = str(Path(__file__).parent)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [here, *filter(None, [os.environ.get("PYTHONPATH")])]))
-    context.set_forkserver_preload(["zerobatch", "support._packing_child"])
-    from multiprocessing import forkserver
-
-    stop = getattr(forkserver._forkserver, "_stop", None)  # one another test started
-    if stop is not None:  # has other preloads: start ours (nothing else uses it now)
-        stop()
-    rng = random.Random(0)
-    kills = 0
-    while not (run / "final.npy").exists():
-        checkpoint = run / "checkpoint.json"
-        saved = json.loads(checkpoint.read_text())["lines"] if checkpoint.exists() else 0
-        target = saved + rng.randrange(1, 5) if kills < 20 else None
-        child = context.Process(target=train, args=(folder, run / "log", checkpoint,
-                                                          target))
-        child.start()
-        child.join(60)
-        assert child.exitcode is not None
-        if child.exitcode == -signal.SIGKILL:
-            kills += 1
-        else:
-            assert child.exitcode == 0
-    assert kills == 20
+    checkpoint = run / "checkpoint.json"
+    kill_and_resume(packing_loop, (folder, run / "log", checkpoint), checkpoint,
+                    run / "final.npy", seed=0, ahead=5)
     assert (run / "log").read_text() == (reference / "log").read_text()
     assert (np.load(run / "final.npy") == np.load(reference / "final.npy")).all()
 

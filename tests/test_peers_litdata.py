@@ -4,6 +4,7 @@ TokensLoader, compared with litdata's own StreamingDataset."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 from itertools import pairwise
 
 import numpy as np
@@ -27,8 +28,15 @@ def _documents(i):
 @pytest.fixture(scope="module")
 def chunks(tmp_path_factory):
     folder = tmp_path_factory.mktemp("litdata") / "out"
-    optimize(fn=_documents, inputs=list(range(DOCUMENTS // 3)), output_dir=str(folder),
-             chunk_size=200, item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+    # optimize sets multiprocessing's global start method to spawn (force=True): every
+    # later DataLoader of the session would spawn its workers (cold: seconds each)
+    # where the tests mean Linux's default fork
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        optimize(fn=_documents, inputs=list(range(DOCUMENTS // 3)), output_dir=str(folder),
+                 chunk_size=200, item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+    finally:
+        multiprocessing.set_start_method(method, force=True)
     return folder
 
 
