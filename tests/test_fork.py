@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zerobatch import Batch, Loader, StreamWriter, open_dataset
+from zerobatch import Batch, Loader, Mixture, StreamWriter, open_dataset
 from zerobatch.storage import LocalStorage
 from zerobatch.storage.blocks import BlockCache
 
@@ -121,16 +121,23 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
             writer.add_document(np.arange(n) + 1, fields={"loss_mask": np.ones(n)},
                                 spans=[(n // 2, n, "assistant")], metadata={"n": n})
     np.save(path.parent / "0.npy", np.arange(1000, dtype=np.uint16))
+    with StreamWriter(path.parent / "plain") as writer:  # windows a mixture reads in one call
+        for n in range(2, 60):
+            writer.add_document(np.arange(n) + 1)
     return path
 
 
 def _sources(folder: Path) -> dict[str, Any]:
     local, blocks = open_dataset(folder), open_dataset(folder, storage=_BlockStorage(folder))
+    plain = folder.parent / "plain"
     return {"windows": local.windows(16, document_masking=True),
             "documents": local.documents(),
             "packed": local.documents().packed(48, window=24, loss_spans="assistant"),
             "blocks": blocks.documents(),
-            "npy": open_dataset(folder.parent).windows(16)}
+            "npy": open_dataset(folder.parent).windows(16),
+            "mixture": Mixture({"a": open_dataset(plain).windows(8),
+                                "b": open_dataset(plain).windows(8)}, {"a": 1, "b": 2},
+                               seed=1, length=40)}
 
 
 def _tokens(batch: Any) -> list[Any]:
@@ -157,7 +164,7 @@ def test_every_lock_a_source_holds_is_free_in_a_forked_child(folder: Path,
     owners = {path.rsplit(":", 1)[-1] for path, _ in locks}
     assert owners >= {"Dataset._lock", "MappedIndex._lock", "Arena._lock", "SpanTable._lock",
                       "LocalStorage._lock", "_BlockStorage._lock", "BlockCache._lock",
-                      "PackedRows._lock"}, owners
+                      "PackedRows._lock", "ManyWindows._lock"}, owners
 
     def child() -> None:
         assert batch["metadata"] == expected["metadata"]

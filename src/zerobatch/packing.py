@@ -81,6 +81,7 @@ import bisect
 import dataclasses
 import functools
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass

@@ -44,7 +44,6 @@ every sample.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
@@ -179,7 +179,7 @@ class MDSFiles(PeerFiles):
         self._layout = self._choose(entries, options.get("column"), options.get("dtype"))
         self.dtype = self._layout.dtype
         names = set(location.names)
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
         self._tables: dict[int, _Table] = {}
         self._global: _Global | None = None
         self._samples: list[int] = []

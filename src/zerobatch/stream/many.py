@@ -26,7 +26,6 @@ Thread-safe.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 from numba import typed
 
+from zerobatch import _forksafe
 from zerobatch.columnar import FieldSchema
 from zerobatch.stream import _kernels as k
 from zerobatch.stream.reader import _NO_DOCS, TokenWindows
@@ -95,7 +95,7 @@ class ManyWindows:
         assert local is not None  # of() takes local datasets only
         self._use_pread = bool(local.files()[1])
         self._docs: Any = None
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return ManyWindows, (self._sources,)  # the copy opens its files again
