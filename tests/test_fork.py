@@ -258,6 +258,35 @@ def test_a_fork_waits_for_a_numba_compile(tmp_path: Path) -> None:
     thread.join(10)
 
 
+def test_a_fork_waits_for_an_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread importing a module holds its import lock (Numba's first
+    ``typeof`` imports ``numpy.ma`` in a reader thread): the fork waits until
+    the import is done, so the child can import it too."""
+    import importlib
+    import sys
+    import time
+
+    import zerobatch  # noqa: F401  (registers the fork hooks)
+
+    started = tmp_path / "started"
+    (tmp_path / "zb_slow_import.py").write_text(
+        f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(1.5)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "zb_slow_import", raising=False)
+    thread = threading.Thread(target=importlib.import_module, args=("zb_slow_import",))
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+    def child() -> None:
+        importlib.import_module("zb_slow_import")
+
+    _in_fork(child, tmp_path)
+    thread.join(10)
+    sys.modules.pop("zb_slow_import", None)
+
+
 def test_dataloader_workers_forked_beside_held_locks(folder: Path, tmp_path: Path) -> None:
     """zerobatch.torch.DataLoader's forked workers read the source whose locks a
     thread of the main process holds (as a Loader's reader thread would)."""

@@ -18,11 +18,16 @@ Objects that need more than their locks re-made (a Loader pass whose reader
 threads stayed in the parent) :func:`register` an ``_after_fork()`` method,
 called in the child.
 
-Numba's compiler lock is held while a kernel is compiled or loaded from its
-cache (a reader's first batch of a dtype, ~1 s): a fork in that window would
-leave the child waiting on it, and LLVM's state half-written. A fork therefore
-waits until no thread compiles (the lock is taken before the fork, and
-released after it in both processes).
+Two locks outside zerobatch are held by reader threads on a first batch, for
+long enough that a DataLoader starting its workers meets them: Numba's
+compiler lock while a kernel is compiled or loaded from its cache (~1 s), and
+an import's module lock while a module loads (Numba's ``typeof`` imports
+``numpy.ma`` on first use; the standard library re-makes only the global
+import lock in a child, not the module locks). A child forked in either
+window would wait on it for ever, with the module or LLVM's state half
+written. A fork therefore waits (at most ``_WAIT`` seconds, then forks as
+before) until no other thread imports a module, and takes the compiler lock
+before it forks, releasing it after in both processes.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import weakref
 from typing import Any, Protocol
 
@@ -38,6 +44,7 @@ __all__ = ["lock", "register", "rlock"]
 _locks: weakref.WeakSet[Any] = weakref.WeakSet()
 _owners: weakref.WeakSet[Any] = weakref.WeakSet()
 _numba_held: list[Any] = []  # numba's compiler lock, while this thread holds it over a fork
+_WAIT = 10.0  # seconds a fork waits at most for another thread's import
 
 
 class _ForkAware(Protocol):
@@ -65,12 +72,34 @@ def register(owner: _ForkAware) -> None:
     _owners.add(owner)
 
 
+def _importing_elsewhere() -> bool:
+    """Whether another thread holds a module's import lock (CPython's
+    ``importlib._bootstrap`` module locks; False where they are not found)."""
+    locks = getattr(sys.modules.get("importlib._bootstrap"), "_module_locks", None)
+    if not isinstance(locks, dict):
+        return False
+    me = threading.get_ident()
+    for ref in list(locks.values()):
+        owner = getattr(ref() if callable(ref) else ref, "owner", None)
+        if owner is not None and owner != me:
+            return True
+    return False
+
+
+def _wait_for_imports() -> None:
+    deadline = time.monotonic() + _WAIT
+    while _importing_elsewhere() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _before() -> None:
+    _wait_for_imports()
     compiler = sys.modules.get("numba.core.compiler_lock")
     if compiler is not None:
         held = compiler.global_compiler_lock
         held.acquire()  # waits for a compile in another thread to finish
         _numba_held.append(held)
+        _wait_for_imports()  # one the compile started
 
 
 def _after_in_parent() -> None:
