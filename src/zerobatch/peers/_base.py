@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch._text import format_table
 from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
@@ -145,7 +145,7 @@ class PeerFiles(ABC):
         self.fields = {}
         self.lookup = Lookup(location.storage)
         self._whole_tables: dict[int, np.ndarray] = {}
-        self._whole_lock = threading.Lock()
+        self._whole_lock = _forksafe.lock()
 
     @property
     def storage(self) -> Storage:

@@ -18,13 +18,13 @@ offsets and id. ``plan_documents`` reads an empty document as an empty row.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch.peers._kernels import piece_tables
 from zerobatch.stream import _kernels as k
 from zerobatch.stream.index import ShardError
@@ -82,7 +82,7 @@ class PeerIndex:
         if files.counted:
             self._doc_starts = np.concatenate(
                 [[0], np.cumsum([s.documents for s in shards])]).astype(np.int64)
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     def doc_starts(self) -> np.ndarray:
         """The global id of each shard's first document, then the documents

@@ -24,12 +24,12 @@ Thread-safe.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from zerobatch import _forksafe
 from zerobatch.peers._kernels import gather, search_right
 from zerobatch.storage import Storage
 
@@ -58,7 +58,7 @@ class Lookup:
         self._storage = storage
         self._blocks = getattr(storage, "blocks", None)
         self._maps: dict[str, np.ndarray] = {}
-        self._lock = threading.Lock()
+        self._lock = _forksafe.lock()
 
     @property
     def ranged(self) -> bool:
