@@ -176,13 +176,20 @@ def _stream_seeds() -> list[Files]:
     return seeds
 
 
+_V1 = Path(__file__).resolve().parents[1] / "tests" / "data" / "stream-v1-metadata"
+"""A dataset written by a version-1 writer (metadata without span files)."""
+
+
 def _stream_warm() -> list[Files]:
     """Each seed's manifest with no shards: the empty-dataset kernels compile once,
-    in the parent."""
+    in the parent; and a version-1 dataset, whose metadata reads run other
+    kernels (a seed's manifest edited to version 1 reaches them)."""
     warm = []
     for seed in _stream_seeds():
         manifest = json.loads(seed["manifest.json"])
         warm.append({"manifest.json": json.dumps({**manifest, "shards": []}).encode()})
+    if _V1.is_dir():
+        warm.append(_folder_files(_V1))
     return warm
 
 
@@ -1665,11 +1672,16 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
         target = TARGETS[name]
         if target.remote and multiprocessing.parent_process() is None:
             # a fresh interpreter, in which S3 was never used, forks the children
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                part, seconds_taken = pool.apply(fuzz, ([name],), {
-                    "per_target": per_target, "seconds": seconds, "seed": seed,
-                    "batch_size": batch_size, "timeout": timeout, "blocked": blocked,
-                    "cpu_per_gib": cpu_per_gib, "out": out, "progress": progress})
+            # (the pool's machinery fixes the global start method: it is put back)
+            method = multiprocessing.get_start_method(allow_none=True)
+            try:
+                with multiprocessing.get_context("spawn").Pool(1) as pool:
+                    part, seconds_taken = pool.apply(fuzz, ([name],), {
+                        "per_target": per_target, "seconds": seconds, "seed": seed,
+                        "batch_size": batch_size, "timeout": timeout, "blocked": blocked,
+                        "cpu_per_gib": cpu_per_gib, "out": out, "progress": progress})
+            finally:
+                multiprocessing.set_start_method(method, force=True)
             report.merge(part)
             elapsed.update(seconds_taken)
             continue
