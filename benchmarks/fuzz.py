@@ -1665,23 +1665,32 @@ def fuzz(names: list[str], *, per_target: int | None, seconds: float | None, see
          cpu_per_gib: float = CPU_PER_GIB, out: Path | None = None,
          progress: bool = False) -> tuple[Report, dict[str, float]]:
     """Fuzz each named target in turn, ``per_target`` inputs or ``seconds`` each
-    (whichever ends first). Returns the report and the seconds each took."""
+    (whichever ends first). Returns the report and the seconds each took.
+    Multiprocessing's global start method is as it was on return (the peers'
+    packages that write seeds, and the remote target's pool, fix it)."""
+    method = multiprocessing.get_start_method(allow_none=True)
+    try:
+        return _fuzz(names, per_target=per_target, seconds=seconds, seed=seed,
+                     batch_size=batch_size, timeout=timeout, blocked=blocked,
+                     cpu_per_gib=cpu_per_gib, out=out, progress=progress)
+    finally:
+        multiprocessing.set_start_method(method, force=True)
+
+
+def _fuzz(names: list[str], *, per_target: int | None, seconds: float | None, seed: int,
+          batch_size: int, timeout: float, blocked: float | None, cpu_per_gib: float,
+          out: Path | None, progress: bool) -> tuple[Report, dict[str, float]]:
     report = Report()
     elapsed: dict[str, float] = {}
     for name in names:
         target = TARGETS[name]
         if target.remote and multiprocessing.parent_process() is None:
             # a fresh interpreter, in which S3 was never used, forks the children
-            # (the pool's machinery fixes the global start method: it is put back)
-            method = multiprocessing.get_start_method(allow_none=True)
-            try:
-                with multiprocessing.get_context("spawn").Pool(1) as pool:
-                    part, seconds_taken = pool.apply(fuzz, ([name],), {
-                        "per_target": per_target, "seconds": seconds, "seed": seed,
-                        "batch_size": batch_size, "timeout": timeout, "blocked": blocked,
-                        "cpu_per_gib": cpu_per_gib, "out": out, "progress": progress})
-            finally:
-                multiprocessing.set_start_method(method, force=True)
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                part, seconds_taken = pool.apply(fuzz, ([name],), {
+                    "per_target": per_target, "seconds": seconds, "seed": seed,
+                    "batch_size": batch_size, "timeout": timeout, "blocked": blocked,
+                    "cpu_per_gib": cpu_per_gib, "out": out, "progress": progress})
             report.merge(part)
             elapsed.update(seconds_taken)
             continue
