@@ -33,6 +33,11 @@ def s3_proxy(s3: S3Server) -> Iterator[FaultProxy]:
     proxy.stop()
 
 
+# Fix the platform's default start method now, as a full run's imports do: the
+# first test that asked for it would otherwise "change" it from None.
+multiprocessing.get_start_method()
+
+
 @pytest.fixture(autouse=True)
 def _start_method_kept() -> Iterator[None]:
     """A test that changes multiprocessing's global start method (litdata's
