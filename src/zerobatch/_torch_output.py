@@ -1,13 +1,31 @@
 """``TorchOutput``: a Loader's steps as torch tensors, pinned and moved to a
 device. Exported as ``zerobatch.torch.TorchOutput``; a module of its own so the
 Loader can build it for the deprecated ``pin_memory=``/``device=`` keywords
-without importing the ``DataLoader`` adapter (which imports the Loader)."""
+without importing the ``DataLoader`` adapter (which imports the Loader).
+
+Copies to a CUDA device run on a copy stream of the reader thread's own, not
+on the stream the training step runs on: a copy issued there from a reader
+thread would queue behind every kernel the step has already launched (and a
+pageable copy would block the reader until the GPU drained its queue), so
+the read-ahead could not run ahead of the GPU. The reader waits for its own
+copy alone (tens of microseconds for a batch of tokens) and marks each tensor
+as used by the consumer's stream (``Tensor.record_stream``), so the caching
+allocator never hands its memory to a later copy while the step still reads
+it. Sources that say which arenas their reads write into (``arenas()``) get
+pinned ones, so a step is read straight into pinned memory and copied once;
+other steps are staged into pinned memory with one ``np.copyto``
+(``Tensor.pin_memory()`` copies with torch's thread pool, whose spinning
+threads cost ~20x the CPU time). ``benchmarks/device.py`` measures each of
+these choices on a GPU."""
 
 from __future__ import annotations
 
+import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["TorchOutput"]
@@ -17,9 +35,15 @@ class TorchOutput:
     """``Loader(source, batch_size, output=TorchOutput(pin_memory=True,
     device="cuda"))``: each step as a dict of tensors sharing the batch's
     memory, pinned in the reader threads (``pin_memory``) and copied to
-    ``device`` without blocking. ``output="torch"`` is ``TorchOutput()``.
-    Without CUDA, ``pin_memory=True`` warns once and yields unpinned tensors.
-    Immutable."""
+    ``device``. ``output="torch"`` is ``TorchOutput()``.
+
+    On a CUDA device each reader thread copies on a stream of its own and
+    waits for that copy only, so a step arrives on the device complete, never
+    queued behind the GPU's work; the copy is staged in pinned memory whether
+    or not ``pin_memory`` is set. The stream current when the pass starts
+    (the default one, or a ``torch.cuda.stream(...)`` around the loop) is the
+    stream the tensors are marked as used on. Without CUDA,
+    ``pin_memory=True`` warns once and yields unpinned tensors. Immutable."""
 
     _warned_pin = False
 
@@ -36,11 +60,105 @@ class TorchOutput:
 
     def bind(self, plan: Any, source: Any) -> Any:
         """The converter of each step's ``Batch``."""
+        return self.after(_cpu_tensors, source)
+
+    def after(self, tensors: Callable[..., dict[str, Any]], source: Any = None
+              ) -> Callable[..., dict[str, Any]]:
+        """``tensors`` (a step's dict of CPU tensors, from any arguments), then
+        those tensors pinned and on :attr:`device`; call it in the thread that
+        starts the pass (it reads the consumer's CUDA stream there). The
+        arenas ``source`` reads into (``source.arenas()``) become pinned."""
         pin_memory, device = self.pin_memory, self.device
-        if pin_memory and not torch.cuda.is_available():
-            if not TorchOutput._warned_pin:
+        to_cuda = device is not None and device.type == "cuda"
+        if (pin_memory or to_cuda) and not torch.cuda.is_available():
+            if pin_memory and not TorchOutput._warned_pin:
                 warnings.warn("pin_memory=True but no CUDA device is available: batches are "
                               "not pinned", stacklevel=5)
                 TorchOutput._warned_pin = True
-            pin_memory = False
-        return lambda batch: batch.to_torch(pin_memory=pin_memory, device=device)
+            pin_memory = to_cuda = False
+        if pin_memory or to_cuda:
+            arenas = getattr(source, "arenas", None)
+            for arena in arenas() if callable(arenas) else ():
+                arena.allocate_with(_pinned_buffer)
+        if to_cuda:
+            assert device is not None
+            return _CudaCopies(tensors, device).step
+        if device is None and not pin_memory:
+            return tensors
+
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            tensor = _pinned(tensor) if pin_memory else tensor
+            return tensor if device is None else tensor.to(device)
+
+        return lambda *args: _each_tensor(tensors(*args), move)
+
+
+class _CudaCopies:
+    """Steps of CPU tensors copied to a CUDA device on each thread's own copy
+    stream (see the module docstring)."""
+
+    def __init__(self, tensors: Callable[..., dict[str, Any]], device: torch.device) -> None:
+        self._tensors = tensors
+        self._device = device
+        self._consumer = torch.cuda.current_stream(device)
+        self._local = threading.local()
+
+    def step(self, *args: Any) -> dict[str, Any]:
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = torch.cuda.Stream(self._device)
+        host = self._tensors(*args)
+        consumer = self._consumer
+        device = self._device
+
+        def move(tensor: torch.Tensor) -> torch.Tensor:
+            moved = _pinned(tensor).to(device, non_blocking=True)
+            moved.record_stream(consumer)
+            return moved
+
+        with torch.cuda.stream(stream):
+            out = _each_tensor(host, move)
+        # This copy only (the consumer's stream is not waited for), and before
+        # the read buffers can be recycled for a later step.
+        stream.synchronize()
+        return out
+
+
+def _pinned_buffer(nbytes: int) -> np.ndarray:
+    """An arena buffer in pinned host memory."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
+
+def _pinned(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in pinned host memory: itself when it already is (read into
+    a pinned arena), else a copy made by ``np.copyto`` in this thread."""
+    if tensor.is_pinned():
+        return tensor
+    out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    try:
+        np.copyto(out.numpy(), tensor.numpy())
+    except TypeError:  # a dtype NumPy lacks (bfloat16)
+        out.copy_(tensor)
+    return out
+
+
+def _cpu_tensors(batch: Any) -> dict[str, Any]:
+    return batch.to_torch()
+
+
+def _each_tensor(step: dict[str, Any], move: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> dict[str, Any]:
+    """``step`` with ``move`` applied to each tensor: plain ones, the parts of
+    a jagged nested tensor, and ``(values, offsets)`` pairs; other values
+    (host ints, lists) as they are."""
+    def each(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            if value.is_nested:
+                return torch.nested.nested_tensor_from_jagged(move(value.values()),
+                                                              move(value.offsets()))  # type: ignore[attr-defined]
+            return move(value)
+        if isinstance(value, tuple):
+            return tuple(each(part) for part in value)
+        return value
+
+    return {name: each(value) for name, value in step.items()}

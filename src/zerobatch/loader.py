@@ -130,27 +130,6 @@ def _output_object(output: Any, deprecated: dict[str, Any]) -> Any:
     raise ValueError(f"{' and '.join(sorted(given))} need {needs}")
 
 
-def _then_torch(collate: Callable[..., Any], pin_memory: bool,
-                device: Any) -> Callable[..., Any]:
-    """``collate`` (of a batch, or a step's indices and padding), then its
-    tensors pinned and moved to ``device``."""
-    import torch
-
-    if pin_memory and not torch.cuda.is_available():
-        from zerobatch._torch_output import TorchOutput
-
-        TorchOutput(pin_memory=True).bind(None, None)  # its one warning: nothing is pinned
-        pin_memory = False
-
-    def move(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            value = value.pin_memory() if pin_memory else value
-            return value if device is None else value.to(device, non_blocking=pin_memory)
-        return value
-
-    return lambda *args: {name: move(v) for name, v in collate(*args).items()}
-
-
 class Loader:
     """Iterate ``source`` in batches of ``batch_size`` for this rank, reading ahead.
 
@@ -379,6 +358,7 @@ class Loader:
                 f"batch_size * world_size = {self._plan.step_size}; lower batch_size or "
                 "pass drop_last=False"
             )
+        self._converter()  # bound here, in the consumer's thread (its CUDA stream)
         iterator = _Iterator(self)
         self._iterator = weakref.ref(iterator)
         return iterator
@@ -447,11 +427,11 @@ class Loader:
                     self._collated = functools.partial(collated, output=self._output)
             elif hasattr(self._output, "pin_memory") and hasattr(self._output, "device"):
                 torch_output: Any = self._output  # zerobatch.torch.TorchOutput
-                self._convert = _then_torch(functools.partial(collate, output="torch"),
-                                            torch_output.pin_memory, torch_output.device)
+                self._convert = torch_output.after(functools.partial(collate, output="torch"),
+                                                   self._source)
                 if collated is not None:
-                    self._collated = _then_torch(functools.partial(collated, output="torch"),
-                                                 torch_output.pin_memory, torch_output.device)
+                    self._collated = torch_output.after(
+                        functools.partial(collated, output="torch"), self._source)
         if self._convert is None:
             if not isinstance(self._output, str):
                 convert = self._output.bind(self._plan, self._source)

@@ -325,6 +325,12 @@ class PackedRows:
         """Rows of epoch 0 (packs every window: O(documents))."""
         return self.rows(0)
 
+    def arenas(self) -> list[Any]:
+        """The arenas this source's reads take their buffers from (a device
+        output makes them pinned: ``zerobatch.torch.TorchOutput``)."""
+        arenas = getattr(self._docs, "arenas", None)
+        return arenas() if callable(arenas) else []
+
     @property
     def documents(self) -> int:
         """Documents in an epoch."""

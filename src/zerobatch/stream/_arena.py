@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,12 +29,25 @@ _IDLE_REFS = 3  # the arena's list, the local name, getrefcount's argument
 
 
 class Arena:
-    """Up to ``keep`` recyclable uint8 buffers. Thread-safe."""
+    """Up to ``keep`` recyclable uint8 buffers. Thread-safe. ``allocate(nbytes)``
+    makes a new one (default ``np.empty``; pinned host memory for a device
+    output, say)."""
 
-    def __init__(self, *, keep: int = 8) -> None:
+    def __init__(self, *, keep: int = 8,
+                 allocate: Callable[[int], np.ndarray] | None = None) -> None:
         self._buffers: list[np.ndarray] = []
         self._keep = keep
+        self._allocate = allocate
         self._lock = _forksafe.lock()
+
+    def allocate_with(self, allocate: Callable[[int], np.ndarray]) -> None:
+        """New buffers come from ``allocate`` from now on (pinned host memory
+        for a CUDA output: reads then land where the copy to the device reads
+        from); buffers made before are dropped here, still valid where used."""
+        with self._lock:
+            if allocate is not self._allocate:
+                self._allocate = allocate
+                self._buffers = []
 
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of at least ``nbytes`` bytes (contents undefined)."""
@@ -46,7 +60,8 @@ class Arena:
                     if buffer.shape[0] == size:
                         return buffer
                     idle = i
-            fresh = np.empty(size, dtype=np.uint8)
+            fresh = (np.empty(size, dtype=np.uint8) if self._allocate is None
+                     else self._allocate(size))
             if len(self._buffers) < self._keep:
                 self._buffers.append(fresh)
             elif idle is not None:

@@ -301,6 +301,11 @@ class NpyWindows:
     def __len__(self) -> int:
         return self._len
 
+    def arenas(self) -> list[Arena]:
+        """The arenas this source's reads take their buffers from (a device
+        output makes them pinned: ``zerobatch.torch.TorchOutput``)."""
+        return [self._tokens._arena]
+
     def __repr__(self) -> str:
         return f"NpyWindows(seq_len={self._seq_len}, len={self._len})"
 

@@ -508,6 +508,11 @@ class TokenWindows:
     def __len__(self) -> int:
         return self._len
 
+    def arenas(self) -> list[Arena]:
+        """The arenas this source's reads take their buffers from (a device
+        output makes them pinned: ``zerobatch.torch.TorchOutput``)."""
+        return [self._ds._arena]
+
     def __repr__(self) -> str:
         labels = self._label_mode or False
         return (f"TokenWindows(seq_len={self._seq_len}, stride={self._stride}, "
@@ -862,6 +867,11 @@ class Documents:
 
     def __len__(self) -> int:
         return self._ds.num_documents
+
+    def arenas(self) -> list[Arena]:
+        """The arenas this source's reads take their buffers from (a device
+        output makes them pinned: ``zerobatch.torch.TorchOutput``)."""
+        return [self._ds._arena]
 
     @property
     def fingerprint(self) -> str:
