@@ -65,7 +65,7 @@ class TorchOutput:
     def after(self, tensors: Callable[..., dict[str, Any]], source: Any = None
               ) -> Callable[..., dict[str, Any]]:
         """``tensors`` (a step's dict of CPU tensors, from any arguments), then
-        those tensors pinned and on :attr:`device`; call it in the thread that
+        those tensors pinned and on ``device``; call it in the thread that
         starts the pass (it reads the consumer's CUDA stream there). The
         arenas ``source`` reads into (``source.arenas()``) become pinned."""
         pin_memory, device = self.pin_memory, self.device
