@@ -267,8 +267,10 @@ def columns_to_torch(
     import torch
 
     def tensor(array: np.ndarray) -> Any:
-        if any(s < 0 for s in array.strides):
-            array = np.ascontiguousarray(array)  # torch cannot view negative strides
+        if any(s < 0 or s % array.itemsize for s in array.strides):
+            # torch cannot view negative strides, nor strides that are not whole
+            # items (a token column of records with other fields, dtype="stored")
+            array = np.ascontiguousarray(array)
         if array.flags.writeable:  # the usual case: no warnings state to touch (~3 us)
             out = torch.from_numpy(array)
         else:
