@@ -31,6 +31,7 @@ from zerobatch._output_dtype import id_bounds, output_dtype, token_error
 from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
 from zerobatch.columnar.schema import normalize_column
 from zerobatch.errors import FormatError
+from zerobatch.source import read_indices
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
 from zerobatch.storage.local import check_status
 from zerobatch.stream import _kernels as k
@@ -51,7 +52,7 @@ from zerobatch.stream.npy import NpyTokens, is_npy_folder, open_npy
 from zerobatch.stream.ranged import IndexView, RangedIndex
 from zerobatch.stream.serializers import BUILTIN, get_serializer, loads_many
 from zerobatch.stream.spans import Spans, SpanTable
-from zerobatch.varlen import IGNORE_INDEX, Columns, row_columns
+from zerobatch.varlen import IGNORE_INDEX, Columns, flat_cu_seqlens, row_columns
 
 if TYPE_CHECKING:
     from zerobatch.packing import PackedRows
@@ -642,10 +643,47 @@ class TokenWindows:
                                    self._dtype)
         raise AssertionError("the bad token lies in no piece")  # pieces cover the window
 
+    def read_collated(self, indices: Sequence[int] | npt.NDArray[np.integer],
+                      padding: npt.NDArray[np.bool_] | None = None,
+                      output: str = "numpy") -> dict[str, Any]:
+        """``collate(read(indices), output)`` (with a ``padding`` column when
+        given), read straight into the contract's columns where the reads are
+        local (no Batch in between: what the Loader calls each step). Cost: the
+        read's."""
+        idx = _indices(indices)
+        ds = self._ds
+        if not (self._direct and ds._local is not None and ds._bases is None):
+            return self.collate(read_indices(self, idx, padding), output)
+        columns, out = self._direct_columns(ds._local, idx)
+        if self._want_cu:
+            columns["cu_seqlens"] = flat_cu_seqlens(
+                Jagged._unchecked(columns["cu_seqlens"], out[3]), self._seq_len)
+        if self._want_longest:
+            longest = columns["max_seqlen"]
+            columns["max_seqlen"] = int(longest.max()) if longest.shape[0] else 0
+        if padding is not None:
+            columns["padding"] = padding
+        if output != "torch":
+            return Columns(columns)
+        from zerobatch.columnar.batch import columns_to_torch
+
+        return Columns(columns_to_torch(columns, jagged="offsets"))
+
     def _read_direct(self, local: LocalStorage, idx: npt.NDArray[np.int64]) -> Batch:
         """``read`` of cast token columns and the document columns from local
         files, in one kernel call that plans, reads each window into a row
         buffer and casts it at once: the batch's records are never written."""
+        columns, out = self._direct_columns(local, idx)
+        if not self._want_cu:
+            return Batch._trusted(columns, idx, dict(self._direct_schema))
+        columns["cu_seqlens"] = Jagged._unchecked(columns["cu_seqlens"], out[3])
+        schema = {**self._direct_schema, "cu_seqlens": self._cu_schema(out)}
+        return Batch._trusted(columns, idx, {name: schema[name] for name in columns})
+
+    def _direct_columns(self, local: LocalStorage, idx: npt.NDArray[np.int64]
+                        ) -> tuple[dict[str, Any], tuple[np.ndarray, ...]]:
+        """The columns of ``_read_direct`` (``cu_seqlens`` as its values alone:
+        the offsets are ``out[3]``) and the kernel's ``out``."""
         ds, n, seq_len, b_count = self._ds, self._span, self._seq_len, idx.shape[0]
         inputs, labels, positions, out = self._outputs(
             ds._arena.take(self._output_bytes(b_count)), 0, b_count)
@@ -675,11 +713,7 @@ class TokenWindows:
         ds._check(code, shard)
         if wrong >= 0:
             raise self._token_error(int(idx[wrong]))
-        columns = self._token_columns(inputs, labels, positions, out)
-        if not self._want_cu:
-            return Batch._trusted(columns, idx, dict(self._direct_schema))
-        schema = {**self._direct_schema, "cu_seqlens": self._cu_schema(out)}
-        return Batch._trusted(columns, idx, {name: schema[name] for name in columns})
+        return self._token_columns(inputs, labels, positions, out, jagged=False), out
 
     def _output_bytes(self, count: int) -> int:
         """Bytes of the outputs of ``count`` windows (``_outputs``)."""
@@ -714,9 +748,10 @@ class TokenWindows:
 
     def _token_columns(
         self, inputs: np.ndarray, labels: np.ndarray, positions: np.ndarray,
-        out: tuple[np.ndarray, ...],
+        out: tuple[np.ndarray, ...], *, jagged: bool = True,
     ) -> dict[str, Any]:
-        """The token and document columns asked for, in the Batch's column order."""
+        """The token and document columns asked for, in the Batch's column order
+        (``cu_seqlens`` a per-row Jagged, or with ``jagged`` False its values)."""
         columns: dict[str, Any] = {}
         if self._want_inputs:
             columns["input_ids"] = inputs
@@ -726,7 +761,8 @@ class TokenWindows:
             columns["position_ids"] = positions
         _, seq_idx, cu, cu_offsets, _, longest, cursor = out
         if self._want_cu:
-            columns["cu_seqlens"] = Jagged._unchecked(cu[:int(cursor[0])], cu_offsets)
+            values = cu[:int(cursor[0])]
+            columns["cu_seqlens"] = Jagged._unchecked(values, cu_offsets) if jagged else values
         if self._want_longest:
             columns["max_seqlen"] = longest
         if self._want_seq_idx:
