@@ -104,11 +104,10 @@ class _Staged:
 
         import torch
 
-        from zerobatch.stream._arena import Arena
-
         if self.stage == "arena":
-            source._ds._arena = Arena(allocate=lambda n: torch.empty(
-                n, dtype=torch.uint8, pin_memory=True).numpy())
+            for arena in source.arenas():
+                arena.allocate_with(lambda n: torch.empty(
+                    n, dtype=torch.uint8, pin_memory=True).numpy())
         consumer = torch.cuda.current_stream()
         local = threading.local()
         stage, wait = self.stage, self.wait
@@ -148,7 +147,6 @@ def _loaders(path: Path) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
 
     from zerobatch.torch import TorchOutput
 
-    windows = open_dataset(path).windows(SEQ_LEN)
     tokens = np.memmap(_tokens_file(path), dtype=np.uint16, mode="r")
 
     def to_cuda(step: dict[str, Any]) -> dict[str, Any]:
@@ -188,8 +186,12 @@ def _loaders(path: Path) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
 
     def zerobatch(output: Any = "torch", user_copy: bool = False
                   ) -> Callable[[], Iterator[dict[str, Any]]]:
+        # Each loader its own dataset object: a device output pins the arena its
+        # reads land in, which would speed up every other loader of the same object.
+        own = open_dataset(path).windows(SEQ_LEN)
+
         def make() -> Iterator[dict[str, Any]]:
-            loader = Loader(windows, BATCH, seed=0, epochs=None, output=output)
+            loader = Loader(own, BATCH, seed=0, epochs=None, output=output)
             try:
                 for step in loader:
                     yield to_cuda(step) if user_copy else step
@@ -214,8 +216,9 @@ def _loaders(path: Path) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
 def _strategies(path: Path) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
     """Section 4: ways of staging and waiting for the copy (``_Staged``)."""
     def make(stage: str, wait: str) -> Callable[[], Iterator[dict[str, Any]]]:
+        windows = open_dataset(path).windows(SEQ_LEN)  # its own arena
+
         def steps() -> Iterator[dict[str, Any]]:
-            windows = open_dataset(path).windows(SEQ_LEN)  # its own arena
             loader = Loader(windows, BATCH, seed=0, epochs=None, output=_Staged(stage, wait))
             try:
                 yield from loader
