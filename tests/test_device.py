@@ -77,6 +77,12 @@ def test_cpu_device_output_equals_torch_output(dataset, columns):
         _equal(_host(a), _host(b))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the error of a machine without CUDA")
+def test_cuda_device_without_cuda_is_a_clear_error(dataset):
+    with pytest.raises(ValueError, match=r"sees no CUDA device; drop device="):
+        Loader(dataset.windows(64), 8, output=TorchOutput(device="cuda"))
+
+
 def test_cpu_device_output_of_packed_rows(dataset):
     rows = dataset.documents().packed(256)
     expected = _steps(Loader(rows, 4, seed=3), 6)

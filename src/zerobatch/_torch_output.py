@@ -8,10 +8,11 @@ on the stream the training step runs on: a copy issued there from a reader
 thread would queue behind every kernel the step has already launched (and a
 pageable copy would block the reader until the GPU drained its queue), so
 the read-ahead could not run ahead of the GPU. The reader waits for its own
-copy alone (tens of microseconds for a batch of tokens) and marks each tensor
-as used by the consumer's stream (``Tensor.record_stream``), so the caching
-allocator never hands its memory to a later copy while the step still reads
-it. Sources that say which arenas their reads write into (``arenas()``) get
+copy alone (tens of microseconds for a batch of tokens); where the consumer
+receives the step, each tensor is marked as used by the consumer's current
+stream (``Tensor.record_stream``, the output's ``received`` hook), so the
+caching allocator never hands its memory to a later copy while the step
+still reads it. Sources that say which arenas their reads write into (``arenas()``) get
 pinned ones, so a step is read straight into pinned memory and copied once;
 other steps are staged into pinned memory with one ``np.copyto``
 (``Tensor.pin_memory()`` copies with torch's thread pool, whose spinning
@@ -40,9 +41,9 @@ class TorchOutput:
     On a CUDA device each reader thread copies on a stream of its own and
     waits for that copy only, so a step arrives on the device complete, never
     queued behind the GPU's work; the copy is staged in pinned memory whether
-    or not ``pin_memory`` is set. The stream current when the pass starts
-    (the default one, or a ``torch.cuda.stream(...)`` around the loop) is the
-    stream the tensors are marked as used on. Without CUDA,
+    or not ``pin_memory`` is set. Each step's tensors are marked as used by
+    the stream current where ``next()`` returns it (the default one, or a
+    ``torch.cuda.stream(...)`` around the loop). Without CUDA,
     ``pin_memory=True`` warns once and yields unpinned tensors. Immutable."""
 
     _warned_pin = False
@@ -65,24 +66,28 @@ class TorchOutput:
     def after(self, tensors: Callable[..., dict[str, Any]], source: Any = None
               ) -> Callable[..., dict[str, Any]]:
         """``tensors`` (a step's dict of CPU tensors, from any arguments), then
-        those tensors pinned and on ``device``; call it in the thread that
-        starts the pass (it reads the consumer's CUDA stream there). The
+        those tensors pinned and on ``device`` (on CUDA, the Loader passes each
+        step to the result's ``received`` in the consumer's thread). The
         arenas ``source`` reads into (``source.arenas()``) become pinned."""
         pin_memory, device = self.pin_memory, self.device
         to_cuda = device is not None and device.type == "cuda"
-        if (pin_memory or to_cuda) and not torch.cuda.is_available():
-            if pin_memory and not TorchOutput._warned_pin:
+        if to_cuda and not torch.cuda.is_available():
+            raise ValueError(f"{self!r}: this torch ({torch.__version__}) sees no CUDA device; "
+                             "drop device= to get CPU tensors, or check CUDA_VISIBLE_DEVICES "
+                             "and that torch is a CUDA build")
+        if pin_memory and not torch.cuda.is_available():
+            if not TorchOutput._warned_pin:
                 warnings.warn("pin_memory=True but no CUDA device is available: batches are "
                               "not pinned", stacklevel=5)
                 TorchOutput._warned_pin = True
-            pin_memory = to_cuda = False
+            pin_memory = False
         if pin_memory or to_cuda:
             arenas = getattr(source, "arenas", None)
             for arena in arenas() if callable(arenas) else ():
                 arena.allocate_with(_pinned_buffer)
         if to_cuda:
             assert device is not None
-            return _CudaCopies(tensors, device).step
+            return _CudaCopies(tensors, device)
         if device is None and not pin_memory:
             return tensors
 
@@ -95,33 +100,39 @@ class TorchOutput:
 
 class _CudaCopies:
     """Steps of CPU tensors copied to a CUDA device on each thread's own copy
-    stream (see the module docstring)."""
+    stream (see the module docstring); :meth:`received` marks a step's tensors
+    as used by the stream current where the consumer receives it."""
 
     def __init__(self, tensors: Callable[..., dict[str, Any]], device: torch.device) -> None:
         self._tensors = tensors
         self._device = device
-        self._consumer = torch.cuda.current_stream(device)
         self._local = threading.local()
 
-    def step(self, *args: Any) -> dict[str, Any]:
+    def __call__(self, *args: Any) -> dict[str, Any]:
         stream = getattr(self._local, "stream", None)
         if stream is None:
             stream = self._local.stream = torch.cuda.Stream(self._device)
         host = self._tensors(*args)
-        consumer = self._consumer
         device = self._device
-
-        def move(tensor: torch.Tensor) -> torch.Tensor:
-            moved = _pinned(tensor).to(device, non_blocking=True)
-            moved.record_stream(consumer)
-            return moved
-
         with torch.cuda.stream(stream):
-            out = _each_tensor(host, move)
+            out = _each_tensor(host, lambda tensor: _pinned(tensor).to(device, non_blocking=True))
         # This copy only (the consumer's stream is not waited for), and before
         # the read buffers can be recycled for a later step.
         stream.synchronize()
         return out
+
+    def received(self, step: dict[str, Any]) -> dict[str, Any]:
+        """``step``, its tensors marked as used by the consumer's current
+        stream: the caching allocator recycles their memory only once that
+        stream's work queued before they are freed is done."""
+        stream = torch.cuda.current_stream(self._device)
+        _each_tensor(step, lambda tensor: _used_on(tensor, stream))
+        return step
+
+
+def _used_on(tensor: torch.Tensor, stream: Any) -> torch.Tensor:
+    tensor.record_stream(stream)
+    return tensor
 
 
 def _pinned_buffer(nbytes: int) -> np.ndarray:

@@ -358,7 +358,6 @@ class Loader:
                 f"batch_size * world_size = {self._plan.step_size}; lower batch_size or "
                 "pass drop_last=False"
             )
-        self._converter()  # bound here, in the consumer's thread (its CUDA stream)
         iterator = _Iterator(self)
         self._iterator = weakref.ref(iterator)
         return iterator
@@ -538,6 +537,9 @@ class _Iterator:
         threads = loader._reader_threads()
         self._waits = Waits() if threads is None else None  # automatic: caller first
         self._end = None if loader._epochs is None else self._position.epoch + loader._epochs
+        # An output that must see each step where the consumer receives it (a
+        # CUDA TorchOutput marks the tensors as used by the consumer's stream).
+        self._received = getattr(loader._converter(), "received", None)
         if threads:
             self._start(threads)
         self._done = False
@@ -581,7 +583,7 @@ class _Iterator:
             raise
         position = self._position  # received: at the step after this one
         position.epoch, position.consumed = planned[1]
-        return item
+        return item if self._received is None else self._received(item)
 
     def _after_fork(self) -> None:
         """In a forked child: the reader threads stayed in the parent (the steps
