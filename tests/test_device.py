@@ -200,3 +200,26 @@ def test_arena_allocate_with():
     assert len(made) == 1 and arena.take(100).shape[0] == made[0]  # recycled, not made again
     arena.allocate_with(allocate)  # the same allocator again: its buffers stay
     assert arena.take(100).shape[0] == made[0] and len(made) == 1
+
+
+@cuda
+def test_a_forked_child_may_free_pinned_arenas(dataset):
+    """A device output's pinned arena, left as garbage in a cycle, is freed by
+    whichever process collects it: a forked child (a DataLoader worker) must
+    survive that (torch's pinned allocator would call CUDA there and abort)."""
+    import gc
+    import multiprocessing
+
+    windows = open_dataset(dataset.path).windows(64)
+    loader = Loader(windows, 8, seed=1, output=TorchOutput(device="cuda"))
+    _steps(loader, 3)
+    loader.close()
+    assert all(torch.from_numpy(b).is_pinned() for b in windows.arenas()[0]._buffers)
+    cycle: list = [windows]
+    cycle.append(cycle)  # garbage that only a collection frees
+    del windows, loader, cycle
+    child = multiprocessing.get_context("fork").Process(target=gc.collect)
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    gc.collect()  # and in this process, which unregisters the pages

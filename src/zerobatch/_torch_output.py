@@ -21,8 +21,11 @@ these choices on a GPU."""
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -136,8 +139,27 @@ def _used_on(tensor: torch.Tensor, stream: Any) -> torch.Tensor:
 
 
 def _pinned_buffer(nbytes: int) -> np.ndarray:
-    """An arena buffer in pinned host memory."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+    """An arena buffer in page-locked host memory: anonymous pages of its own,
+    registered with CUDA (``cudaHostRegister``) and unregistered when the
+    buffer dies, by the process that registered them. Not torch's pinned
+    allocator: a forked child (a ``DataLoader`` worker) that frees such a
+    tensor calls CUDA and is terminated, and a garbage-collected dataset's
+    arena can be freed in any child. In a forked child, or where the
+    registration fails, a plain buffer."""
+    mapping = mmap.mmap(-1, nbytes)
+    buffer = np.frombuffer(mapping, np.uint8)  # views of it hold it: the arena sees them
+    if torch.cuda._is_in_bad_fork():
+        return buffer
+    address = buffer.ctypes.data
+    if int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0)) != 0:
+        return buffer
+    weakref.finalize(buffer, _unregister, address, os.getpid()).atexit = False
+    return buffer
+
+
+def _unregister(address: int, pid: int) -> None:
+    if os.getpid() == pid:  # never in a forked child: it must not call CUDA
+        torch.cuda.cudart().cudaHostUnregister(address)
 
 
 def _pinned(tensor: torch.Tensor) -> torch.Tensor:
