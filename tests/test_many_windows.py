@@ -192,3 +192,47 @@ def test_a_mixture_reads_its_windows_in_one_call(corpora: list[Path]) -> None:
         assert set(batch) == set(expected)
         for name, value in expected.items():
             np.testing.assert_array_equal(batch[name], value)
+
+
+def _same_step(got: Any, want: Any) -> None:
+    assert list(got) == list(want)
+    for name, value in want.items():
+        if isinstance(value, int):
+            assert got[name] == value and type(got[name]) is int
+        elif isinstance(value, tuple):  # torch's (values, offsets)
+            for a, b in zip(got[name], value, strict=True):
+                assert a.dtype == b.dtype and bool((a == b).all())
+        elif hasattr(value, "numpy"):  # a tensor
+            assert got[name].dtype == value.dtype and bool((got[name] == value).all())
+        else:
+            _equal(got[name], value)
+
+
+@pytest.mark.parametrize("options", OPTIONS)
+def test_a_mixtures_read_collated_equals_read_then_collate(corpora: list[Path],
+                                                           options: dict[str, Any]) -> None:
+    """The Loader's one-step read of a mixture (``read_collated``: no Batch in
+    between) gives exactly ``collate(read_indices(...))``, with and without
+    the padding column, for numpy and torch; so does the Loader."""
+    from zerobatch.source import read_indices
+
+    windows = {f"c{i}": open_dataset(p).windows(8, **options) for i, p in enumerate(corpora)}
+    mixture = Mixture(windows, {"c0": 1.0, "c1": 2.0, "c2": 0.5, "c3": 1.5}, seed=3,
+                      length=900, block_size=64)
+    assert mixture._windows() is not None and mixture.collate is not None
+    rng = np.random.default_rng(0)
+    for positions in (np.arange(60, 76), rng.integers(0, 900, 33), np.arange(0)):
+        padding = rng.random(positions.shape[0]) < 0.3
+        for pad in (None, padding):
+            for output in ("numpy", "torch"):
+                want = mixture.collate(read_indices(mixture, positions, pad), output=output)
+                _same_step(mixture.read_collated(positions, pad, output), want)
+    # the Loader takes it (no transform), padding its last step: the same batches as
+    # collating the Batch output
+    loader = Loader(mixture, 40, output="numpy", drop_last=False, shuffle=False)
+    collated = list(loader)
+    assert loader._collated is not None  # the one-step path was the one taken
+    batches = list(Loader(mixture, 40, output="batch", drop_last=False, shuffle=False))
+    assert len(collated) == len(batches) and "padding" in collated[-1]
+    for got, batch in zip(collated, batches, strict=True):
+        _same_step(got, mixture.collate(batch, output="numpy"))

@@ -72,6 +72,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch.columnar import Batch, BatchMeta, Jagged
+from zerobatch.columnar.batch import columns_to_torch
 from zerobatch.columnar.schema import normalize_column
 from zerobatch.mixture import spec
 from zerobatch.mixture.order import (
@@ -82,8 +83,9 @@ from zerobatch.mixture.order import (
     check_weights,
 )
 from zerobatch.shuffle import MAX_LENGTH
-from zerobatch.source import fingerprint
+from zerobatch.source import fingerprint, read_indices
 from zerobatch.stream.many import ManyWindows
+from zerobatch.varlen import Columns, row_columns
 
 __all__ = ["CHANGES", "STATE_VERSION", "Mixture"]
 
@@ -210,6 +212,10 @@ class Mixture:
                              "rule); a mixture never loops forever")
         self._length = min(x for x in (self._requested_length, stop) if x is not None)
         self._objects = [sources.get(name) for name in names]
+        kinds = {getattr(type(s), "collate", None) for s in sources.values()}
+        self._collate: Callable[..., Any] | None = (
+            next(iter(sources.values())).collate if len(kinds) == 1 and None not in kinds
+            else None)  # once: the Loader looks it up every step
         self._table = self._order.table([self._max_passes.get(name, _NO_LIMIT)
                                          for name in names])
         self._group: ManyWindows | None = None  # see _windows
@@ -277,10 +283,30 @@ class Mixture:
         contract's flat ``cu_seqlens``; what ``Loader`` calls for its
         ``"numpy"`` and ``"torch"`` outputs), else None (the default outputs).
         The ``source`` column passes through it."""
-        kinds = {getattr(type(s), "collate", None) for s in self._sources.values()}
-        if len(kinds) != 1 or None in kinds:
-            return None
-        return next(iter(self._sources.values())).collate
+        return self._collate
+
+    def read_collated(self, indices: npt.ArrayLike, padding: npt.NDArray[np.bool_] | None = None,
+                      output: str = "numpy") -> dict[str, Any]:
+        """``collate(read(indices))`` (with the ``padding`` column when given),
+        as the Loader calls it without a ``transform``: windows of local
+        datasets (``ManyWindows``) go from the read kernel's columns to the
+        collation without a Batch; other sources read, then collate. ValueError
+        when the sources share no collation (:attr:`collate` is None)."""
+        collate = self._collate
+        if collate is None:
+            raise ValueError("read_collated: this mixture's sources share no collation "
+                             "(collate is None); read and convert the Batch instead")
+        idx = self._indices(indices)
+        group = self._windows()
+        if group is None or output not in ("numpy", "torch") or not idx.shape[0]:
+            return collate(read_indices(self, idx, padding), output=output)
+        columns = self._read_group(group, idx)[0]
+        if padding is not None:
+            columns["padding"] = np.asarray(padding, dtype=np.bool_)
+        collated = row_columns(columns)
+        if output == "torch":
+            return Columns(columns_to_torch(collated, jagged="offsets"))
+        return collated
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -348,23 +374,43 @@ class Mixture:
         then read in one more, straight into the batch in position order; any
         other sources get one ``read`` per source present, their rows placed
         by one vectorized copy per source and column."""
+        idx = self._indices(indices)
+        group = self._windows()
+        if group is not None and idx.shape[0]:
+            columns, schema = self._read_group(group, idx)
+            return Batch._trusted(columns, idx, {**schema, SOURCE_COLUMN: _SOURCE_SCHEMA})
+        return self._read_each(idx, *self._observe(idx))
+
+    def _indices(self, indices: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """``indices`` as a C-contiguous int64 vector (checked unless it is one)."""
         idx = indices
         if not (isinstance(idx, np.ndarray) and idx.dtype == np.int64 and idx.ndim == 1
                 and idx.flags.c_contiguous):
             idx = np.ascontiguousarray(self._check(indices))
+        return idx
+
+    def _observe(self, idx: npt.NDArray[np.int64]
+                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Each position's (source, observation); IndexError past a pass limit."""
         sources, index, over = self._order.observe(idx, self._table, self._length)
         if over >= 0:
-            s = int(sources[over])
-            raise IndexError(f"position {int(idx[over])}: source {self.names[s]!r} would start "
-                             f"a pass past max_passes={self._max_passes[self.names[s]]}")
-        count = idx.shape[0]
-        group = self._windows()
-        if group is not None and count:
-            columns, schema = group.read(sources, index)
-            columns[SOURCE_COLUMN] = sources.astype(np.int32)
-            schema = {**schema, SOURCE_COLUMN: _SOURCE_SCHEMA}
-            return Batch._trusted(columns, idx, schema)
-        return self._read_each(idx, sources, index)
+            self._past_limit(idx, sources, over)
+        return sources, index
+
+    def _past_limit(self, idx: npt.NDArray[np.int64], sources: npt.NDArray[np.int64],
+                    over: int) -> None:
+        s = int(sources[over])
+        raise IndexError(f"position {int(idx[over])}: source {self.names[s]!r} would start "
+                         f"a pass past max_passes={self._max_passes[self.names[s]]}")
+
+    def _read_group(self, group: ManyWindows, idx: npt.NDArray[np.int64]
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The columns (``source`` last) and schema (without ``source``) of the
+        rows at positions ``idx`` (at least one), read by ``group``."""
+        sources, index = self._observe(idx)
+        columns, schema = group.read(sources, index)
+        columns[SOURCE_COLUMN] = sources.astype(np.int32)
+        return columns, schema
 
     def _windows(self) -> ManyWindows | None:
         """The one-call reader of these sources, or None when they are not all
