@@ -456,7 +456,7 @@ class Loader:
     def position(self) -> Position:
         """A new Position at the start of this loader's plan, with its source's
         identity and description (what ``zerobatch.torch`` workers move)."""
-        return Position(self._plan, fingerprint(self._source), source_state(self._source))
+        return Position.of(self._plan, self._source)  # described when first asked
 
     @property
     def source(self) -> Any:
