@@ -64,9 +64,10 @@ class ManyWindows:
         present = [s for s in self._sources if s is not None]
         self._first = present[0]
         datasets: dict[int, Any] = {}
-        for source in present:
-            datasets.setdefault(id(source._ds), source._ds)
-        self._datasets = list(datasets.values())
+        where = [datasets.setdefault(id(s._ds), len(datasets)) if s is not None else -1
+                 for s in self._sources]  # each source's dataset, by first appearance
+        found = {id(s._ds): s._ds for s in present}
+        self._datasets = [found[key] for key in datasets]
         # One record space: each dataset's shards after the previous dataset's.
         counts = np.array([ds._records.shape[0] for ds in self._datasets], dtype=np.int64)
         records = np.concatenate([ds._records for ds in self._datasets])
@@ -77,15 +78,19 @@ class ManyWindows:
         record_base = self._shard_starts[shard_base]
         self._owner = np.repeat(np.arange(counts.shape[0], dtype=np.int64), counts)
         self._local_shard = np.arange(records.shape[0], dtype=np.int64) - shard_base[self._owner]
-        handles = np.array([ds._token_handles.ctypes.data for ds in self._datasets],
-                           dtype=np.int64)  # the arrays stay: only ever written in place
-        self._live = handles[self._owner] + _HANDLE_BYTES * self._local_shard
         shards = records.shape[0]
+        # The address of each global shard's handle in its dataset's own table
+        # (only ever written in place): set when the shard is opened here (the
+        # kernels look at it only for shards with a size).
+        self._live = np.zeros(shards, dtype=np.int64)
         # Per source (base record, stride, windows); base -1: cannot be read.
-        where = {key: d for d, key in enumerate(datasets)}
-        rows = [(record_base[where[id(one._ds)]], one._stride, len(one)) if one is not None
-                else (-1, 1, 0) for one in self._sources]
-        self._table = np.array(rows, dtype=np.int64).reshape(len(rows), 3)
+        table = np.empty((len(self._sources), 3), dtype=np.int64)
+        dataset = np.array(where, dtype=np.int64)
+        readable = dataset >= 0
+        table[:, 0] = np.where(readable, record_base[np.maximum(dataset, 0)], -1)
+        table[:, 1] = [1 if s is None else s._stride for s in self._sources]
+        table[:, 2] = [0 if s is None else s._len for s in self._sources]
+        self._table = table
         # The open-file table, by global shard (sizes < 0: not in it yet).
         self._fds = np.full(shards, -1, dtype=np.int64)
         self._addresses = np.zeros(shards, dtype=np.int64)
@@ -161,17 +166,21 @@ class ManyWindows:
         pieces = k.plan_window_rows(sources, indices, self._table, self._first._span,
                                     self._shard_starts, self._live, self._sizes, 1)[0]
         wanted = np.unique(pieces[:, k.SHARD])
+        # sorted: global shards are grouped by dataset, so each dataset's are one run
+        cuts = np.flatnonzero(np.diff(self._owner[wanted])) + 1
         with self._lock:
-            for d in np.unique(self._owner[wanted]).tolist():
-                ds = self._datasets[d]
-                mine = wanted[self._owner[wanted] == d]
+            for mine in np.split(wanted, cuts) if wanted.shape[0] else ():
+                ds = self._datasets[int(self._owner[mine[0]])]
                 local = self._local_shard[mine]
-                handles = ds._open(local)[local]
+                handles = ds._open(local)
                 files = ds._local.files()[0]  # local: of() checked it
-                for g, h in zip(mine.tolist(), handles.tolist(), strict=True):
+                base = ds._token_handles.ctypes.data
+                for g, s in zip(mine.tolist(), local.tolist(), strict=True):
+                    h = int(handles[s])
                     self._fds[g] = files.fds[h]
                     self._addresses[g] = files.addresses[h]
                     self._maps[g] = files.maps[h]
+                    self._live[g] = base + _HANDLE_BYTES * s
                     self._sizes[g] = files.sizes[h]  # last: marks the entry complete
 
     def _docs_tables(self) -> Any:
