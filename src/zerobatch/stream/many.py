@@ -67,7 +67,7 @@ class ManyWindows:
         where = [datasets.setdefault(id(s._ds), len(datasets)) if s is not None else -1
                  for s in self._sources]  # each source's dataset, by first appearance
         found = {id(s._ds): s._ds for s in present}
-        self._datasets = [found[key] for key in datasets]
+        self._datasets: list[Any] = [found[key] for key in datasets]
         # One record space: each dataset's shards after the previous dataset's.
         counts = np.array([ds._records.shape[0] for ds in self._datasets], dtype=np.int64)
         records = np.concatenate([ds._records for ds in self._datasets])
