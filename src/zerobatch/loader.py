@@ -53,6 +53,7 @@ from zerobatch.plan import Plan, Planned, Position
 from zerobatch.source import (
     _DEFAULT_RANK,
     Source,
+    describe,
     fingerprint,
     plan_shuffle,
     read_indices,
@@ -456,7 +457,7 @@ class Loader:
     def position(self) -> Position:
         """A new Position at the start of this loader's plan, with its source's
         identity and description (what ``zerobatch.torch`` workers move)."""
-        return Position.of(self._plan, self._source)  # described when first asked
+        return Position.of(self._plan, functools.partial(describe, self._source))
 
     @property
     def source(self) -> Any:

@@ -34,7 +34,7 @@ O(batch_size), whatever the step or the length (up to 2**63).
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -325,27 +325,25 @@ class Position:
         self.plan = plan
         self._fingerprint = fingerprint
         self._source = source
-        self._of: Any = None  # a source described on first use (Position.of)
+        self._of: Any = None  # describes the source on first use (Position.of)
         self.epoch = 0
         self.consumed = 0
 
     @classmethod
-    def of(cls, plan: Plan, source: Any) -> Position:
-        """A Position at the start of ``plan`` over ``source``, whose identity
-        (:func:`zerobatch.source.fingerprint`) and description
-        (:func:`zerobatch.source.source_state`) are taken when first asked
-        for (a state, a check, a pickle), not before the first batch: a
-        mixture of 2,000 datasets hashes 2,000 manifests for them (~30 ms)."""
+    def of(cls, plan: Plan, describe: Callable[[], tuple[str | None, dict[str, Any] | None]]
+           ) -> Position:
+        """A Position at the start of ``plan`` whose source identity and
+        description come from ``describe()`` (:func:`zerobatch.source.describe`)
+        when first asked for (a state, a check, a pickle), not before the first
+        batch: a mixture of 2,000 datasets hashes 2,000 manifests for them (~30 ms)."""
         position = cls(plan)
-        position._of = source
+        position._of = describe
         return position
 
     def _describe(self) -> None:
-        source = self._of
-        if source is not None:
-            from zerobatch.source import fingerprint, source_state  # it imports this module
-
-            self._fingerprint, self._source = fingerprint(source), source_state(source)
+        describe = self._of
+        if describe is not None:
+            self._fingerprint, self._source = describe()
             self._of = None
 
     @property
@@ -371,7 +369,7 @@ class Position:
         self._source = value
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickles described, without the source object."""
+        """Pickles described (without ``describe`` and its source)."""
         self._describe()
         return dict(self.__dict__)
 

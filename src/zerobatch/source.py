@@ -32,8 +32,8 @@ import numpy.typing as npt
 from zerobatch.columnar import Batch
 from zerobatch.plan import Plan
 
-__all__ = ["Source", "fingerprint", "ordered_shuffle", "plan_shuffle", "read_indices", "read_step",
-           "resolve_rank", "resume_source", "source_state"]
+__all__ = ["Source", "describe", "fingerprint", "ordered_shuffle", "plan_shuffle", "read_indices",
+           "read_step", "resolve_rank", "resume_source", "source_state"]
 
 _DEFAULT_RANK = "default (single process)"  # resolve_rank's origin when nothing says more
 
@@ -88,6 +88,12 @@ def source_state(source: Any) -> dict[str, Any] | None:
     ``state_dict()``), or None for a plain source."""
     describe = getattr(source, "state_dict", None)
     return describe() if callable(describe) else None
+
+
+def describe(source: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """``(fingerprint(source), source_state(source))``: what a state stores
+    about its source (``Position.of`` takes it when first asked)."""
+    return fingerprint(source), source_state(source)
 
 
 def plan_shuffle(source: Any, shuffle: bool | None) -> bool:
