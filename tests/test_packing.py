@@ -472,6 +472,45 @@ def test_read_collated_equals_read_then_collate(corpora, corpus, seq_len, window
                   packed._read_then_collate(ids, padding, output))
 
 
+_LAYOUTS = {  # record layouts read_contract compiles for: token dtype, fields
+    "tokens": ("<u2", {}),
+    "u4, a field, bool mask": ("<u4", {"weight": "<f4", "loss_mask": "|b1"}),
+    "float mask": ("<u2", {"loss_mask": "<f4"}),
+    "i2 mask": ("<u2", {"loss_mask": "<i2", "tag": "u1"}),
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+def test_read_collated_over_record_layouts(tmp_path, layout):
+    """The one-pass kernel reads each record layout (its token and mask fields
+    at their offsets, any mask dtype: -0.0 and 256 are 0 and not 0 as numbers)
+    exactly as read + collate, for both label conventions and every dtype."""
+    token_dtype, fields = _LAYOUTS[layout]
+    rng = np.random.default_rng(7)
+    with StreamWriter(tmp_path, token_dtype=token_dtype, fields=fields,
+                      shard_tokens=700) as writer:
+        for n in rng.integers(1, 90, 120).tolist():
+            values = {name: rng.integers(0, 3, n).astype(dtype)
+                      for name, dtype in fields.items()}
+            if "loss_mask" in values and fields["loss_mask"] == "<f4":
+                values["loss_mask"][rng.random(n) < 0.3] = -0.0
+            if "loss_mask" in values and fields["loss_mask"] == "<i2":
+                values["loss_mask"][rng.random(n) < 0.3] = 256
+            writer.add_document(rng.integers(0, np.iinfo(token_dtype).max, n,
+                                             dtype=np.int64), fields=values)
+    mask = "loss_mask" if "loss_mask" in fields else None
+    for labels, dtype in (("shifted", "int64"), ("aligned", "int32"), ("shifted", "stored")):
+        packed = open_dataset(tmp_path).documents(dtype=dtype).packed(
+            64, window=40, labels=labels, loss_mask=mask, seed=1)
+        assert packed._direct() is not None
+        plan, _ = packed.bind_plan(4, seed=1)
+        padding = np.array([False, True, False, False])
+        for consumed in range(0, packed.rows(0) - 4, 4):
+            ids = plan.rank_indices(0, consumed, 0)[0]
+            _same_columns(packed.read_collated(ids, padding),
+                          packed._read_then_collate(ids, padding, "numpy"))
+
+
 def test_loader_reads_collated_without_a_transform(corpora, monkeypatch):
     """With no transform the Loader reads and collates in one call; a
     transform gets the Batch that read returns, and the same columns follow."""

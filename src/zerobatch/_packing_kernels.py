@@ -9,10 +9,11 @@ import numpy as np
 from numba import njit
 
 from zerobatch.storage.local import prefetch_request, read_request
+from zerobatch.stream.manifest import TOKEN
 
 __all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_batch",
-           "make_pieces", "read_contract", "reorder_rows", "row_windows", "scatter_rows",
-           "window_rows"]
+           "kernel_records", "make_pieces", "read_contract", "reorder_rows", "row_windows",
+           "scatter_rows", "window_rows"]
 
 TRUNCATE, SPLIT, DROP = 0, 1, 2
 POLICIES = {"truncate": TRUNCATE, "split": SPLIT, "drop": DROP}
@@ -270,24 +271,29 @@ def read_contract(
     rows: np.ndarray, row_offsets: np.ndarray, doc: np.ndarray, size: np.ndarray,
     shard: np.ndarray, record: np.ndarray, handles: np.ndarray, bases: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
-    record_buffer: np.ndarray, tokens: np.ndarray, mask: np.ndarray, has_mask: bool,
-    padding: np.ndarray, options: np.ndarray, input_ids: np.ndarray, labels: np.ndarray,
-    position_ids: np.ndarray, seq_idx: np.ndarray, segment_ids: np.ndarray,
-    attention_mask: np.ndarray, cu: np.ndarray,
+    records: np.ndarray, has_mask: bool, padding: np.ndarray, options: np.ndarray,
+    input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray, seq_idx: np.ndarray,
+    segment_ids: np.ndarray, attention_mask: np.ndarray, cu: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int, int, int, int, int, int]:
     """Rows ``rows`` of a packed window (``row_offsets``, ``doc``, ``size``,
     ``shard``, ``record``: its pieces grouped by row, each piece's shard and
     first record there) read straight from the local token files and written
     as the varlen contract in one pass. Every piece of the batch is
     prefetched first; then each piece's records (only its range of its
-    document) are read into ``record_buffer`` (``read_request`` over
-    ``LocalStorage.files``), its tokens (``tokens``, and ``mask`` with
-    ``has_mask``: strided views of that buffer) cast into ``input_ids`` and
-    its labels, position_ids, seq_idx (and ``segment_ids``/``attention_mask``
-    when they have rows) written while the piece is in the L1 cache.
-    ``handles`` and ``bases``: every shard's open handle (-1: not yet) and
-    byte base. ``options``: (label mode 1 shifted / 2 aligned, pad_id). Rows
-    with ``padding[j]`` get labels -100 throughout.
+    document) are read into ``records`` (``read_request`` over
+    ``LocalStorage.files``) and, while they are in the L1 cache, cast into
+    ``input_ids``, turned into labels, and the piece's position_ids, seq_idx
+    (and ``segment_ids``/``attention_mask`` when they have rows) written.
+
+    ``records`` is a structured array of ``seq_len`` records whose dtype
+    (:func:`kernel_records`) has a ``token`` and a ``mask`` field at their
+    offsets in the stored record (``mask`` read only with ``has_mask``):
+    Numba then knows the record stride and field types at compile time (one
+    compiled kernel per record layout), and each loop runs over contiguous
+    slices of the outputs, so the stores vectorize. ``handles`` and
+    ``bases``: every shard's open handle (-1: not yet) and byte base.
+    ``options``: (label mode 1 shifted / 2 aligned, pad_id). Rows with
+    ``padding[j]`` get labels -100 throughout.
 
     Returns (batch piece offsets ``[B + 1]``, their documents, segments in
     ``cu``, max_seqlen, bad row position or -1, shard not open or -1, failed
@@ -300,7 +306,7 @@ def read_contract(
     if bad >= 0:
         return out_offsets, out_doc, 0, 0, bad, -1, -1, 1
     seq_len = input_ids.shape[1]
-    itemsize = record_buffer.itemsize
+    itemsize = records.itemsize
     q = 0
     for j in range(count):  # check and prefetch every piece before reading any
         for p in range(row_offsets[rows[j]], row_offsets[rows[j] + 1]):
@@ -314,17 +320,13 @@ def read_contract(
             prefetch_request(handles[sh], bases[sh] + record[p] * itemsize, size[p] * itemsize,
                              addresses, sizes, use_pread)
     mode, pad_id = options[0], options[1]
-    address = record_buffer.ctypes.data
+    address = records.ctypes.data
     jax = segment_ids.shape[0] > 0
     attention = attention_mask.shape[0] > 0
     s = 0
     longest = 0
     cu[0] = 0
     for j in range(count):
-        ids = input_ids[j]
-        lab = labels[j]
-        pos = position_ids[j]
-        idx = seq_idx[j]
         base = j * seq_len
         at = 0
         local = 1
@@ -338,72 +340,73 @@ def read_contract(
                                   address, fds, addresses, sizes, use_pread)
             if status < 1:
                 return out_offsets, out_doc, 0, 0, -1, -1, p, status
-            # tokens and labels in one pass over the piece's (strided) records, then
-            # simple loops that vectorize
-            if masked or mode == 0:
-                for i in range(n):
-                    ids[at + i] = tokens[i]
-                if masked:
-                    for i in range(n):
-                        lab[at + i] = -100
+            # Slices of the outputs (indices from 0, never negative: no wraparound
+            # checks), one simple loop per column: each vectorizes.
+            ids = input_ids[j, at:at + n]
+            for i in range(n):
+                ids[i] = records[i].token
+            lab = labels[j, at:at + n]
+            if masked:
+                lab[:] = -100
             elif mode == 1:  # shifted: the next token, where its mask takes the loss
-                ids[at] = tokens[0]
+                following = ids[1:]
                 if has_mask:
-                    for i in range(1, n):
-                        value = tokens[i]
-                        ids[at + i] = value
-                        lab[at + i - 1] = value if mask[i] != 0 else -100
+                    ahead = records[1:n]
+                    for i in range(n - 1):
+                        lab[i] = following[i] if ahead[i].mask != 0 else -100
                 else:
-                    for i in range(1, n):
-                        value = tokens[i]
-                        ids[at + i] = value
-                        lab[at + i - 1] = value
-                lab[at + n - 1] = -100
-            else:  # aligned: this token, not the first, where the mask takes it
-                ids[at] = tokens[0]
-                lab[at] = -100
+                    for i in range(n - 1):
+                        lab[i] = following[i]
+                lab[n - 1] = -100
+            elif mode == 2:  # aligned: this token, not the first, where the mask takes it
                 if has_mask:
-                    for i in range(1, n):
-                        value = tokens[i]
-                        ids[at + i] = value
-                        lab[at + i] = value if mask[i] != 0 else -100
+                    for i in range(n):
+                        lab[i] = ids[i] if records[i].mask != 0 else -100
                 else:
-                    for i in range(1, n):
-                        value = tokens[i]
-                        ids[at + i] = value
-                        lab[at + i] = value
+                    for i in range(n):
+                        lab[i] = ids[i]
+                lab[0] = -100
+            pos = position_ids[j, at:at + n]
             for i in range(n):
-                pos[at + i] = i
-            for i in range(n):
-                idx[at + i] = s
+                pos[i] = i
+            seq_idx[j, at:at + n] = s
             if jax:
-                for i in range(n):
-                    segment_ids[j, at + i] = local
+                segment_ids[j, at:at + n] = local
             if attention:
-                for i in range(n):
-                    attention_mask[j, at + i] = 1
+                attention_mask[j, at:at + n] = 1
             at += n
             s += 1
             local += 1
             cu[s] = base + at
             longest = max(longest, n)
         if at < seq_len:  # the padding tail: a segment of its own
-            for i in range(at, seq_len):
-                ids[i] = pad_id
-            for i in range(at, seq_len):
-                pos[i] = i - at
-            for i in range(at, seq_len):
-                idx[i] = s
+            input_ids[j, at:] = pad_id
+            pos = position_ids[j, at:]
+            for i in range(seq_len - at):
+                pos[i] = i
+            seq_idx[j, at:] = s
             if mode != 0:
-                for i in range(at, seq_len):
-                    lab[i] = -100
+                labels[j, at:] = -100
             if jax:
-                for i in range(at, seq_len):
-                    segment_ids[j, i] = 0
+                segment_ids[j, at:] = 0
             if attention:
-                for i in range(at, seq_len):
-                    attention_mask[j, i] = 0
+                attention_mask[j, at:] = 0
             longest = max(longest, seq_len - at)
             s += 1
             cu[s] = base + seq_len
     return out_offsets, out_doc, s, longest, -1, -1, -1, 1
+
+
+def kernel_records(record_dtype: np.dtype, mask_field: str | None) -> np.dtype:
+    """The dtype :func:`read_contract` reads records as: the stored record's
+    bytes (its itemsize), a ``token`` field at the token's offset and a
+    ``mask`` field at ``mask_field``'s (the token's own bytes when None: then
+    never read). Records without fields (tokens alone) are their token."""
+    fields = record_dtype.fields
+    if fields is None:
+        token, token_at = record_dtype, 0
+    else:
+        token, token_at = fields[TOKEN][:2]
+    mask, mask_at = (token, token_at) if mask_field is None else fields[mask_field][:2]
+    return np.dtype({"names": ["token", "mask"], "formats": [token, mask],
+                     "offsets": [token_at, mask_at], "itemsize": record_dtype.itemsize})

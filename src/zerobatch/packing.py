@@ -421,7 +421,7 @@ class PackedRows:
         buffer = ds._arena.take(nbytes)
         input_ids, labels, position_ids, seq_idx, segment_ids, attention, cu = (
             np.ndarray(shape, dtype, buffer, offset) for shape, dtype, offset in layout)
-        record, tokens, mask = self._record_buffer()
+        records = self._record_buffer()
         flags = _NO_PADDING if padding is None else np.ascontiguousarray(padding, np.bool_)
         while True:
             handles = ds._token_handles.copy()  # before the file table (tables only grow)
@@ -429,8 +429,8 @@ class PackedRows:
             offsets, doc_ids, segments, longest, bad, closed, failed, status = \
                 pk.read_contract(rows, packed.row_offsets, packed.doc, packed.size,
                                  packed.shard, packed.record, handles, direct.bases,
-                                 files.fds, files.addresses, files.sizes, use_pread, record,
-                                 tokens, mask, direct.has_mask, flags, direct.options,
+                                 files.fds, files.addresses, files.sizes, use_pread, records,
+                                 direct.has_mask, flags, direct.options,
                                  input_ids, labels, position_ids, seq_idx, segment_ids,
                                  attention, cu)
             if closed < 0:
@@ -484,18 +484,13 @@ class PackedRows:
         self._direct_cache = direct
         return direct
 
-    def _record_buffer(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """This thread's buffer of ``seq_len`` records (one piece at a time) and
-        its token and loss-mask views."""
-        cached: tuple[np.ndarray, np.ndarray, np.ndarray] | None = getattr(
-            self._threads, "record", None)
+    def _record_buffer(self) -> np.ndarray:
+        """This thread's buffer of ``seq_len`` records (one piece at a time), in
+        the layout ``read_contract`` reads (``kernel_records``)."""
+        cached: np.ndarray | None = getattr(self._threads, "records", None)
         if cached is None:
-            manifest = self._docs._ds.manifest
-            record = np.empty(self.seq_len, manifest.record_dtype)
-            field = manifest.token_field
-            tokens = record if field is None else record[field]
-            mask = tokens if self.loss_mask is None else record[self.loss_mask]
-            cached = self._threads.record = (record, tokens, mask)
+            dtype = pk.kernel_records(self._docs._ds.manifest.record_dtype, self.loss_mask)
+            cached = self._threads.records = np.empty(self.seq_len, dtype)
         return cached
 
     def _static(self, cu: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
