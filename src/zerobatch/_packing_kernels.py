@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
+from numba.cpython.unsafe.numbers import trailing_zeros
 
 from zerobatch.storage.local import prefetch_request, read_request
 from zerobatch.stream.manifest import TOKEN
@@ -72,8 +73,9 @@ def best_fit_decreasing(size: np.ndarray, seq_len: int) -> tuple[np.ndarray, int
     """Best-fit decreasing of pieces of ``size`` (each in ``[1, seq_len]``) into
     rows of ``seq_len``: pieces go longest first (ties in input order) into the
     open row with the least room that fits them (ties: the row that reached
-    that room last), else a new row. A segment tree over room sizes finds that
-    row in O(log seq_len). Returns each piece's row and the row count."""
+    that room last), else a new row. A two-level bitmap of the rooms that have
+    an open row finds that row in O(1 + seq_len / 4096) word operations.
+    Returns each piece's row and the row count."""
     n = size.shape[0]
     # counting sort, longest first, stable
     counts = np.zeros(seq_len + 2, np.int64)
@@ -88,10 +90,13 @@ def best_fit_decreasing(size: np.ndarray, seq_len: int) -> tuple[np.ndarray, int
     for i in range(n):
         order[first[size[i]]] = i
         first[size[i]] += 1
-    leaves = 1
-    while leaves < seq_len + 1:
-        leaves *= 2
-    tree = np.zeros(2 * leaves, np.int64)  # open rows per room, summed over subtrees
+    # Rooms with an open row: bit r of ``bits`` (one bit per room 0..seq_len),
+    # bit w of ``summary`` when word w of ``bits`` has one: the smallest room
+    # >= length is a trailing-zero count in one word, or after a short scan.
+    words = (seq_len >> 6) + 1
+    bits = np.zeros(words, np.uint64)
+    summary = np.zeros((words >> 6) + 1, np.uint64)
+    one = np.uint64(1)
     head = np.full(seq_len + 1, -1, np.int64)  # room -> last row with that room
     below = np.empty(n, np.int64)  # row -> the next row with the same room
     row_of = np.empty(n, np.int64)
@@ -99,21 +104,21 @@ def best_fit_decreasing(size: np.ndarray, seq_len: int) -> tuple[np.ndarray, int
     for k in range(n):
         piece = order[k]
         length = size[piece]
-        # the smallest room >= length with an open row
-        i = length + leaves
         room = -1
-        if tree[i] > 0:
-            room = length
-        else:
-            while i > 1:
-                if i % 2 == 0 and tree[i + 1] > 0:
-                    i += 1
-                    break
-                i //= 2
-            if i > 1:
-                while i < leaves:
-                    i = 2 * i if tree[2 * i] > 0 else 2 * i + 1
-                room = i - leaves
+        w = length >> 6
+        word = bits[w] & ~((one << np.uint64(length & 63)) - one)
+        if word != 0:
+            room = (w << 6) + trailing_zeros(word)
+        else:  # the first word above w with a room, from the summary
+            s = (w + 1) >> 6
+            if s < summary.shape[0]:
+                above = summary[s] & ~((one << np.uint64((w + 1) & 63)) - one)
+                while above == 0 and s + 1 < summary.shape[0]:
+                    s += 1
+                    above = summary[s]
+                if above != 0:
+                    w = (s << 6) + trailing_zeros(above)
+                    room = (w << 6) + trailing_zeros(bits[w])
         if room < 0:
             row = rows
             rows += 1
@@ -121,19 +126,19 @@ def best_fit_decreasing(size: np.ndarray, seq_len: int) -> tuple[np.ndarray, int
         else:
             row = head[room]
             head[room] = below[row]
-            j = room + leaves
-            while j >= 1:
-                tree[j] -= 1
-                j //= 2
+            if head[room] < 0:  # no open row has this room any more
+                w = room >> 6
+                bits[w] &= ~(one << np.uint64(room & 63))
+                if bits[w] == 0:
+                    summary[w >> 6] &= ~(one << np.uint64(w & 63))
             left = room - length
         row_of[piece] = row
         if left > 0:
             below[row] = head[left]
             head[left] = row
-            j = left + leaves
-            while j >= 1:
-                tree[j] += 1
-                j //= 2
+            w = left >> 6
+            bits[w] |= one << np.uint64(left & 63)
+            summary[w >> 6] |= one << np.uint64(w & 63)
     return row_of, rows
 
 
