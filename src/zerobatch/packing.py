@@ -148,6 +148,7 @@ _CACHED_WINDOWS = 16
 _CACHED_EPOCHS = 4
 _log = logging.getLogger("zerobatch.packing")
 _NO_PADDING = np.zeros(0, np.bool_)
+_NO_SEGMENTS = np.zeros((0, 0), np.int32)  # read_contract's segment_ids: not asked for
 _SHARD, _START = 1, 2  # columns of the stream reader's pieces (stream._kernels)
 
 
@@ -184,20 +185,19 @@ class _Direct:
     def __init__(self, dtype: np.dtype, options: npt.NDArray[np.int64], has_mask: bool,
                  bases: npt.NDArray[np.int64]) -> None:
         self.dtype, self.options, self.has_mask, self.bases = dtype, options, has_mask, bases
-        self._layouts: dict[tuple[int, int, bool, bool], tuple[int, list[Any]]] = {}
+        self._layouts: dict[tuple[int, int, bool], tuple[int, list[Any]]] = {}
 
-    def layout(self, rows: int, seq_len: int, jax: bool, attention: bool
+    def layout(self, rows: int, seq_len: int, attention: bool
                ) -> tuple[int, list[tuple[tuple[int, ...], np.dtype, int]]]:
         """(bytes, [(shape, dtype, byte offset)] of input_ids, labels,
-        position_ids, seq_idx, segment_ids, attention_mask and cu_seqlens)
-        for a batch of ``rows`` rows; an output not asked for has no rows."""
-        key = (rows, seq_len, jax, attention)
+        position_ids, seq_idx, attention_mask and cu_seqlens) for a batch of
+        ``rows`` rows; attention_mask has no rows unless asked for."""
+        key = (rows, seq_len, attention)
         known = self._layouts.get(key)
         if known is None:
             plane = (rows, seq_len)
             shapes = [(plane, self.dtype), (plane, np.dtype(np.int64)),
                       (plane, np.dtype(np.int32)), (plane, np.dtype(np.int32)),  # varlen's
-                      (plane if jax else (0, 0), np.dtype(np.int32)),
                       (plane if attention else (0, 0), np.dtype(np.int64)),
                       ((rows * (seq_len + 1) + 1,), np.dtype(np.int32))]
             layout, at = [], 0
@@ -416,11 +416,10 @@ class PackedRows:
         rows = ids & _ROW_MASK
         ds = self._docs._ds
         local = ds._local
-        jax = output == "jax"
-        nbytes, layout = direct.layout(ids.shape[0], self.seq_len, jax, self.attention_mask)
+        nbytes, layout = direct.layout(ids.shape[0], self.seq_len, self.attention_mask)
         buffer = ds._arena.take(nbytes)
-        input_ids, labels, position_ids, seq_idx, segment_ids, attention, cu = (
-            np.ndarray(shape, dtype, buffer, offset) for shape, dtype, offset in layout)
+        input_ids, labels, position_ids, seq_idx, attention, cu = [
+            np.ndarray(shape, dtype, buffer, offset) for shape, dtype, offset in layout]
         records = self._record_buffer()
         flags = _NO_PADDING if padding is None else np.ascontiguousarray(padding, np.bool_)
         while True:
@@ -431,7 +430,7 @@ class PackedRows:
                                  packed.shard, packed.record, handles, direct.bases,
                                  files.fds, files.addresses, files.sizes, use_pread, records,
                                  direct.has_mask, flags, direct.options,
-                                 input_ids, labels, position_ids, seq_idx, segment_ids,
+                                 input_ids, labels, position_ids, seq_idx, _NO_SEGMENTS,
                                  attention, cu)
             if closed < 0:
                 break
@@ -442,26 +441,25 @@ class PackedRows:
                              f"{int(rows[bad]) + 1}")
         if failed >= 0:
             self._read_failed(ds, packed, failed, status)
-        out: dict[str, Any] = {"input_ids": input_ids, "labels": labels,
-                               "position_ids": position_ids}
-        out["cu_seqlens"] = self._static(cu[:segments + 1])
-        out["max_seqlen"] = int(longest)
-        out["seq_idx"] = seq_idx
-        if jax:
-            out["segment_ids"] = segment_ids
-            out["positions"] = position_ids.astype(np.int32)
+        # the columns of collate(), in its order, built directly
+        cu = cu[:segments + 1] if self.cu_seqlens_size is None \
+            else static_cu_seqlens(cu[:segments + 1], self.cu_seqlens_size)
+        out = Columns(input_ids=input_ids, labels=labels, position_ids=position_ids,
+                      cu_seqlens=cu, max_seqlen=int(longest), seq_idx=seq_idx)
         if self.attention_mask:
             out["attention_mask"] = attention
         if padding is not None:
-            out["padding"] = np.asarray(padding, bool)
-        out = to_output(out, output)
+            out["padding"] = flags
         if output == "torch":
             import torch
 
+            for name, value in out.items():
+                if isinstance(value, np.ndarray):
+                    out[name] = torch.from_numpy(value)
             out["doc_ids"] = (torch.from_numpy(doc_ids), torch.from_numpy(offsets))
         else:
             out["doc_ids"] = Jagged._unchecked(doc_ids, offsets)
-        return Columns(out)
+        return out
 
     def _direct(self) -> _Direct | None:
         """What :meth:`read_collated` needs to read in one pass (local files of
@@ -492,13 +490,6 @@ class PackedRows:
             dtype = pk.kernel_records(self._docs._ds.manifest.record_dtype, self.loss_mask)
             cached = self._threads.records = np.empty(self.seq_len, dtype)
         return cached
-
-    def _static(self, cu: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
-        """``cu`` padded to ``cu_seqlens_size`` (when set) by repeating its end."""
-        size = self.cu_seqlens_size
-        if size is None:
-            return cu
-        return static_cu_seqlens(cu, size)
 
     def _read_then_collate(self, indices: Sequence[int] | npt.NDArray[np.integer],
                            padding: npt.NDArray[np.bool_] | None, output: str
@@ -987,12 +978,9 @@ class PackedPlan(Plan):
         rows = self._rows
         flat = positions.reshape(-1)
         first, last = int(flat.min()), int(flat.max())
-        known = rows._walks.get(epoch)  # a walk's starts only grow: read without the lock
-        if known is not None and known.starts[0] <= first and last < known.starts[-1]:
-            i = bisect.bisect_right(known.starts, first) - 1
-            if i + 1 < len(known.starts) and last < known.starts[i + 1]:  # one window: the usual
-                base = (epoch << (_ROW_BITS + _WINDOW_BITS)) | ((known.first + i) << _ROW_BITS)
-                return flat + (base - known.starts[i])
+        base = self._one_window(epoch, first, last)
+        if base is not None:  # one window: the usual
+            return flat + base
         with rows._lock:  # the windows the positions reach, packed; then one walk holds all
             rows._locate(epoch, first)
             rows._locate(epoch, last)
@@ -1012,9 +1000,38 @@ class PackedPlan(Plan):
     def rank_indices(self, epoch: int, consumed: int, rank: int,
                      steps: int = 1) -> npt.NDArray[np.int64]:
         rank = self.check_rank(rank)
-        positions = (int(consumed) + rank
-                     + self.world_size * np.arange(steps * self.batch_size, dtype=np.int64))
+        count = steps * self.batch_size
+        first = int(consumed) + rank
+        base = self._one_window(epoch, first, first + self.world_size * (count - 1))
+        if base is not None:  # the usual: no reduction, one add
+            return (self._strides(count) + (base + first)).reshape(steps, self.batch_size)
+        positions = first + self._strides(count)
         return self._row_ids(epoch, positions).reshape(steps, self.batch_size)
+
+    def _strides(self, count: int) -> npt.NDArray[np.int64]:
+        """``world_size * arange(count)``, read-only, made once per count."""
+        known = self._cached.get(count)
+        if known is None:
+            known = self.world_size * np.arange(count, dtype=np.int64)
+            known.flags.writeable = False
+            self._cached[count] = known
+        return known
+
+    @functools.cached_property
+    def _cached(self) -> dict[Any, npt.NDArray[Any]]:
+        return {}
+
+    def _one_window(self, epoch: int, first: int, last: int) -> int | None:
+        """``id - position`` for every row position in ``[first, last]`` when
+        they lie in one window the epoch's walk has packed, else None."""
+        walk = self._rows._walks.get(epoch)  # a walk's starts only grow: read without the lock
+        if walk is None or first < walk.starts[0] or last >= walk.starts[-1]:
+            return None
+        i = bisect.bisect_right(walk.starts, first) - 1
+        if i + 1 < len(walk.starts) and last >= walk.starts[i + 1]:
+            return None
+        return ((epoch << (_ROW_BITS + _WINDOW_BITS)) | ((walk.first + i) << _ROW_BITS)) \
+            - walk.starts[i]
 
     def _wrap(self, epoch: int, past: int) -> tuple[int, int]:
         """The row that pads position ``past`` after the epoch's end: row
@@ -1026,11 +1043,14 @@ class PackedPlan(Plan):
         raise ValueError(f"epoch {epoch} has no rows")
 
     def padding(self, consumed: int, rank: int, epoch: int = 0) -> npt.NDArray[np.bool_]:
-        positions = int(consumed) + self.check_rank(rank) + self.world_size * np.arange(
-            self.batch_size, dtype=np.int64)
-        if self.drop_last or self._exists(epoch, int(positions[-1])):
-            return np.zeros(self.batch_size, np.bool_)
-        return positions >= self._total(epoch)
+        first = int(consumed) + self.check_rank(rank)
+        if self.drop_last or self._exists(epoch, first + self.world_size * (self.batch_size - 1)):
+            none = self._cached.get("none")
+            if none is None:  # read-only: one array for every full step
+                none = self._cached["none"] = np.zeros(self.batch_size, np.bool_)
+                none.flags.writeable = False
+            return none
+        return first + self._strides(self.batch_size) >= self._total(epoch)
 
     def indices(self, epoch: int, consumed: int, rank: int
                 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.bool_]]:
