@@ -5,6 +5,8 @@ Kernels never raise: they return what the Python caller checks.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
@@ -15,6 +17,8 @@ from zerobatch.stream.manifest import TOKEN
 __all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_batch",
            "kernel_records", "make_pieces", "read_contract", "reorder_rows", "row_windows",
            "scatter_rows", "window_rows"]
+
+_ctz: Any = trailing_zeros  # a Numba intrinsic: the zero bits below a word's lowest 1
 
 TRUNCATE, SPLIT, DROP = 0, 1, 2
 POLICIES = {"truncate": TRUNCATE, "split": SPLIT, "drop": DROP}
@@ -108,7 +112,7 @@ def best_fit_decreasing(size: np.ndarray, seq_len: int) -> tuple[np.ndarray, int
         w = length >> 6
         word = bits[w] & ~((one << np.uint64(length & 63)) - one)
         if word != 0:
-            room = (w << 6) + trailing_zeros(word)
+            room = (w << 6) + _ctz(word)
         else:  # the first word above w with a room, from the summary
             s = (w + 1) >> 6
             if s < summary.shape[0]:
@@ -117,8 +121,8 @@ def best_fit_decreasing(size: np.ndarray, seq_len: int) -> tuple[np.ndarray, int
                     s += 1
                     above = summary[s]
                 if above != 0:
-                    w = (s << 6) + trailing_zeros(above)
-                    room = (w << 6) + trailing_zeros(bits[w])
+                    w = (s << 6) + _ctz(above)
+                    room = (w << 6) + _ctz(bits[w])
         if room < 0:
             row = rows
             rows += 1
@@ -407,7 +411,7 @@ def kernel_records(record_dtype: np.dtype, mask_field: str | None) -> np.dtype:
     bytes (its itemsize), a ``token`` field at the token's offset and a
     ``mask`` field at ``mask_field``'s (the token's own bytes when None: then
     never read). Records without fields (tokens alone) are their token."""
-    fields = record_dtype.fields
+    fields: Any = record_dtype.fields
     if fields is None:
         token, token_at = record_dtype, 0
     else:
