@@ -11,7 +11,8 @@ import numpy as np
 from numba import njit
 
 from zerobatch.plan import _EPOCH_DOMAIN
-from zerobatch.shuffle import _mix, permute_one
+from zerobatch.shuffle import _GOLDEN as _ROUND_STEP
+from zerobatch.shuffle import _SEED_DOMAIN, DEFAULT_ROUNDS, _mix, permute_one
 
 __all__ = [
     "HALF",
@@ -21,6 +22,7 @@ __all__ = [
     "PERIOD",
     "ROTATION",
     "block_counts",
+    "block_keys",
     "block_layout",
     "extras_before",
     "observe_rows",
@@ -169,6 +171,73 @@ def _observation(table: np.ndarray, s: int, slot: int) -> int:
     return permute_one(local, n, table[s, HALF], _epoch_seed(np.uint64(table[s, KEY]), p))
 
 
+KEYED_PASSES = 2
+"""Passes of a source whose round keys a block holds: the pass its first slot
+in the block reads and the next (a source shorter than its count in a block
+spans more; its further passes compute their keys per row)."""
+
+
+@njit(nogil=True, cache=True)
+def block_keys(before: np.ndarray, counts: np.ndarray, table: np.ndarray,
+               passes: np.ndarray, keys: np.ndarray) -> None:
+    """For each source with slots in a block (``counts[s] > 0``; ``before[s]``
+    slots before it): ``passes[s]``, the pass of its first slot and that
+    slot's place in the pass (``before[s] = pass * length + place``), and
+    ``keys[s, d]``, the Feistel round keys of pass ``passes[s, 0] + d`` for
+    ``d < KEYED_PASSES`` (what :func:`zerobatch.shuffle.permute_one` derives
+    from ``_epoch_seed(key, pass)`` for every value). A row's observation
+    then needs no division and no key derivation. Sources without slots are
+    left as they are."""
+    for s in range(counts.shape[0]):
+        if counts[s] <= 0:
+            continue
+        first, place = divmod(before[s], table[s, LENGTH])
+        passes[s, 0] = first
+        passes[s, 1] = place
+        key = np.uint64(table[s, KEY])
+        for d in range(KEYED_PASSES):
+            base = _mix(_epoch_seed(key, first + d) ^ np.uint64(_SEED_DOMAIN))
+            for i in range(DEFAULT_ROUNDS):
+                keys[s, d, i] = _mix(base + np.uint64(i + 1) * np.uint64(_ROUND_STEP))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _permute_keyed(value: int, n: int, half: int, keys: np.ndarray) -> int:
+    """``permute_one`` with its round keys given (``keys``: DEFAULT_ROUNDS of them)."""
+    h = np.uint64(half)
+    mask = (np.uint64(1) << h) - np.uint64(1)
+    limit = np.uint64(n)
+    y = np.uint64(value)
+    while True:
+        a, b = y >> h, y & mask
+        for i in range(DEFAULT_ROUNDS):
+            a, b = b, a ^ (_mix(b ^ keys[i]) & mask)
+        y = (a << h) | b
+        if y < limit:
+            return np.int64(y)  # type: ignore[return-value]  # an int in the kernel
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _observation_keyed(table: np.ndarray, s: int, ordinal: int, passes: np.ndarray,
+                       keys: np.ndarray) -> int:
+    """:func:`_observation` of source ``s``'s slot ``ordinal`` of a block, from
+    the block's passes and round keys (:func:`block_keys`): no division
+    unless the source is shorter than its slots in the block."""
+    n = table[s, LENGTH]
+    d, local = 0, passes[s, 1] + ordinal
+    if local >= n:
+        if local - n < n:  # (not local < 2 * n: n may be above 2**62)
+            d, local = 1, local - n
+        else:
+            d, local = divmod(local, n)
+    p = passes[s, 0] + d
+    if p >= table[s, LIMIT]:
+        return -1
+    if d < KEYED_PASSES:
+        return _permute_keyed(local, n, table[s, HALF], keys[s, d])
+    return permute_one(local, n, table[s, HALF], _epoch_seed(np.uint64(table[s, KEY]), p))
+
+
 @njit(nogil=True, cache=True)
 def pass_indices(sources: np.ndarray, slots: np.ndarray, table: np.ndarray,
                  out: np.ndarray) -> int:
@@ -186,30 +255,32 @@ def pass_indices(sources: np.ndarray, slots: np.ndarray, table: np.ndarray,
 
 @njit(nogil=True, cache=True)
 def observe_rows(positions: np.ndarray, start: int, end: int, size: int, block: int,
-                 layout0: np.ndarray, before0: np.ndarray, layout1: np.ndarray,
-                 before1: np.ndarray, table: np.ndarray, out: np.ndarray) -> tuple[int, int]:
+                 layout0: np.ndarray, passes0: np.ndarray, keys0: np.ndarray,
+                 layout1: np.ndarray, passes1: np.ndarray, keys1: np.ndarray, table: np.ndarray,
+                 out: np.ndarray) -> tuple[int, int]:
     """Each position's source (``out[0]``) and observation (``out[1]``) when
     all positions lie in blocks ``block`` and ``block + 1`` of one stage
     (positions ``[start, end)``, blocks of ``size`` counted from ``start``),
     whose layouts are given (``order.Block``: sources and ordinals ``[2,
-    size]``, slots before): the block lookup of ``MixtureOrder.locate`` and
-    :func:`pass_indices` in one pass. Returns (the first row outside those
-    blocks or -1, the first row past its source's pass limit or -1); ``out``
-    is complete when both are -1."""
+    size]``, the passes and round keys of :func:`block_keys`):
+    the block lookup of ``MixtureOrder.locate`` and :func:`pass_indices` in
+    one pass. Returns (the first row outside those blocks or -1, the first
+    row past its source's pass limit or -1); ``out`` is complete when both
+    are -1."""
+    first = start + block * size  # the first position of block ``block``
     for b in range(positions.shape[0]):
         position = positions[b]
         if position < start or position >= end:
             return b, -1
-        k, at = divmod(position - start, size)
-        if k == block:
+        at = position - first
+        if 0 <= at < size:
             s = layout0[0, at]
-            slot = before0[s] + layout0[1, at]
-        elif k == block + 1:
-            s = layout1[0, at]
-            slot = before1[s] + layout1[1, at]
+            index = _observation_keyed(table, s, layout0[1, at], passes0, keys0)
+        elif size <= at < 2 * size:
+            s = layout1[0, at - size]
+            index = _observation_keyed(table, s, layout1[1, at - size], passes1, keys1)
         else:
             return b, -1
-        index = _observation(table, s, slot)
         if index < 0:
             return -1, b
         out[0, b] = s

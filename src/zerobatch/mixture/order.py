@@ -70,7 +70,7 @@ import numpy.typing as npt
 
 from zerobatch.mixture import _kernels as k
 from zerobatch.plan import epoch_seed
-from zerobatch.shuffle import MAX_LENGTH, Feistel, _splitmix64
+from zerobatch.shuffle import DEFAULT_ROUNDS, MAX_LENGTH, Feistel, _splitmix64
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "MixtureOrder", "Stage", "pass_order",
            "source_key"]
@@ -116,11 +116,16 @@ def pass_order(length: int, key: int, number: int) -> Feistel:
 
 class Block(NamedTuple):
     """A block's layout: per position its source and ordinal (``layout[0]``
-    and ``layout[1]``, one array for the kernels), and per source the slots
-    it had before the block (counted over the whole mixture)."""
+    and ``layout[1]``, one array for the kernels), per source the slots it had
+    before the block (counted over the whole mixture), and for each source
+    with slots in it the pass of its first one and the Feistel round keys of
+    that pass and the next (``_kernels.block_keys``: a row's observation then
+    costs its Feistel walk, not the derivation of its keys)."""
 
     layout: npt.NDArray[np.int64]
     before: npt.NDArray[np.int64]
+    passes: npt.NDArray[np.int64]
+    keys: npt.NDArray[np.uint64]
 
     @property
     def sources(self) -> npt.NDArray[np.int64]:
@@ -145,6 +150,7 @@ class _StageOrder:
     offset: int  # h: the stage's rotation offset
     key: int  # seeds the block permutations
     base: npt.NDArray[np.int64]  # slots each source had before the stage
+    sources: npt.NDArray[np.int64]  # MixtureOrder.table(): each source's length and key
     _blocks: dict[int, Block] = field(default_factory=dict, compare=False, repr=False)
 
     def counts(self, block: int) -> npt.NDArray[np.int64]:
@@ -166,12 +172,16 @@ class _StageOrder:
         if found is not None:
             return found
         layout = np.empty((2, self.block_size), dtype=np.int64)
-        k.block_layout(self.counts(block), np.uint64(epoch_seed(self.key, block)), layout[0],
-                       layout[1])
+        counts = self.counts(block)
+        k.block_layout(counts, np.uint64(epoch_seed(self.key, block)), layout[0], layout[1])
         previous = self._blocks.get(block - 1)  # a step's next block: add its counts
         before = (self.before(block) if previous is None
                   else previous.before + self.counts(block - 1))
-        found = Block(layout, before)
+        sources = counts.shape[0]
+        passes = np.empty((sources, 2), dtype=np.int64)  # read only where counts > 0
+        keys = np.empty((sources, k.KEYED_PASSES, DEFAULT_ROUNDS), dtype=np.uint64)
+        k.block_keys(before, counts, self.sources, passes, keys)
+        found = Block(layout, before, passes, keys)
         if len(self._blocks) >= 8:  # a few recent blocks; dict ops are atomic under the GIL
             for old in list(self._blocks)[:-4]:  # the oldest (dicts keep insertion order)
                 self._blocks.pop(old, None)
@@ -258,6 +268,7 @@ class MixtureOrder:
                                  for n in self.lengths.tolist()], dtype=np.int64)
         self._stages: list[_StageOrder] = []
         base = np.zeros(len(self.names), dtype=np.int64)
+        described = self.table()
         for t, stage in enumerate(self.stages):
             if not 1 <= stage.block_size <= MAX_BLOCK_SIZE:
                 raise ValueError(f"stage {t}: block_size must be in [1, {MAX_BLOCK_SIZE}], "
@@ -280,7 +291,7 @@ class MixtureOrder:
                 base = previous.base + previous.slots_in(stage.start - previous.start)
             self._stages.append(_StageOrder(
                 stage.start, stage.block_size, np.array(floors, dtype=np.int64),
-                np.array(bounds, dtype=np.int64), key % k.PERIOD, key, base))
+                np.array(bounds, dtype=np.int64), key % k.PERIOD, key, base, described))
         self._starts = np.array([s.start for s in self.stages], dtype=np.int64)
 
     def _stage(self, position: int) -> tuple[_StageOrder, int]:
@@ -410,7 +421,8 @@ class MixtureOrder:
         this = stage.block(block)
         after = stage.block(block + 1) if ahead else this
         outside, over = k.observe_rows(positions, stage.start, end, stage.block_size, block,
-                                       this.layout, this.before, after.layout, after.before,
+                                       this.layout, this.passes, this.keys,
+                                       after.layout, after.passes, after.keys,
                                        table, out)
         return None if outside >= 0 else over
 
