@@ -13,6 +13,7 @@ from numba import njit
 from zerobatch.plan import _EPOCH_DOMAIN
 from zerobatch.shuffle import _GOLDEN as _ROUND_STEP
 from zerobatch.shuffle import _SEED_DOMAIN, DEFAULT_ROUNDS, _mix, permute_one
+from zerobatch.stream._kernels import read_window_rows
 
 __all__ = [
     "HALF",
@@ -25,6 +26,7 @@ __all__ = [
     "block_keys",
     "block_layout",
     "extras_before",
+    "observe_read_rows",
     "observe_rows",
     "pass_indices",
 ]
@@ -286,3 +288,38 @@ def observe_rows(positions: np.ndarray, start: int, end: int, size: int, block: 
         out[0, b] = s
         out[1, b] = index
     return -1, -1
+
+
+NOT_PLANNED = -2
+"""What :func:`observe_read_rows` returns first when it did not read: a
+position lies outside the step's blocks, or past its source's pass limit."""
+
+
+@njit(nogil=True, cache=True)
+def observe_read_rows(positions: np.ndarray, start: int, end: int, size: int, block: int,
+                      layout0: np.ndarray, passes0: np.ndarray, keys0: np.ndarray,
+                      layout1: np.ndarray, passes1: np.ndarray, keys1: np.ndarray,
+                      order: np.ndarray, observed: np.ndarray, column: np.ndarray,
+                      sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
+                      shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
+                      fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
+                      use_pread: bool, seq_len: int, docs: list | tuple, inputs: np.ndarray,
+                      labels: np.ndarray, shift: int, bounds: np.ndarray, segments: bool,
+                      out: tuple) -> tuple[int, int, int, int, int, int, int]:
+    """:func:`observe_rows` into ``observed`` (``order``: its ``table``), the
+    sources again as the int32 ``column``, then
+    :func:`zerobatch.stream._kernels.read_window_rows` of those rows
+    (``sources`` and ``indices`` are ``observed``'s two rows): a mixture's
+    step in one call. Returns what ``read_window_rows`` returns, or
+    ``(NOT_PLANNED, outside, over, ...)`` with ``observe_rows``'s answer when
+    the positions are not all in the step's blocks and under their limits
+    (nothing read)."""
+    outside, over = observe_rows(positions, start, end, size, block, layout0, passes0, keys0,
+                                 layout1, passes1, keys1, order, observed)
+    if outside >= 0 or over >= 0:
+        return NOT_PLANNED, outside, over, 1, 0, 0, -1
+    for b in range(column.shape[0]):
+        column[b] = observed[0, b]
+    return read_window_rows(sources, indices, table, n, shard_starts, live, row, fds,
+                            addresses, sizes, use_pread, seq_len, docs, inputs, labels, shift,
+                            bounds, segments, out)

@@ -74,6 +74,7 @@ import numpy.typing as npt
 from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.columnar.batch import columns_to_torch
 from zerobatch.columnar.schema import normalize_column
+from zerobatch.mixture import _kernels as mk
 from zerobatch.mixture import spec
 from zerobatch.mixture.order import (
     DEFAULT_BLOCK_SIZE,
@@ -425,11 +426,24 @@ class Mixture:
     def _read_group(self, group: ManyWindows, idx: npt.NDArray[np.int64]
                     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The columns (``source`` last) and schema (without ``source``) of the
-        rows at positions ``idx`` (at least one), read by ``group``."""
-        sources, index = self._observe(idx)
-        columns, schema = group.read(sources, index)
-        columns[SOURCE_COLUMN] = sources.astype(np.int32)
-        return columns, schema
+        rows at positions ``idx`` (at least one), read by ``group``: a step's
+        positions observed and read in one kernel call
+        (``_kernels.observe_read_rows``), others observed first."""
+        blocks = self._order.step_blocks(idx, self._length)
+        if blocks is not None:
+            count = idx.shape[0]
+            observed = np.empty((2, count), dtype=np.int64)
+            column = np.empty(count, dtype=np.int32)
+            read = group.read(observed[0], observed[1], kernel=mk.observe_read_rows,
+                              prefix=(*blocks, self._table, observed, column))
+            if read is not None:
+                read[0][SOURCE_COLUMN] = column
+                return read
+        sources, index = self._observe(idx)  # also: the error past a pass limit
+        read = group.read(sources, index)
+        assert read is not None  # no kernel of ours: it reads
+        read[0][SOURCE_COLUMN] = sources.astype(np.int32)
+        return read
 
     def _windows(self) -> ManyWindows | None:
         """The one-call reader of these sources, or None when they are not all

@@ -63,7 +63,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -388,7 +388,7 @@ class MixtureOrder:
         count = positions.shape[0]
         out = np.empty((2, count), dtype=np.int64)
         sources, index = out[0], out[1]
-        if count and int(positions[0]) >= 0:
+        if count:
             over = self._observe_blocks(positions, table, stop, out)
             if over is not None:
                 return sources, index, over
@@ -400,12 +400,15 @@ class MixtureOrder:
         over = k.pass_indices(sources, slots, table, index)
         return sources, index, over
 
-    def _observe_blocks(self, positions: npt.NDArray[np.int64], table: npt.NDArray[np.int64],
-                        stop: int, out: npt.NDArray[np.int64]) -> int | None:
-        """:meth:`observe` by ``_kernels.observe_rows`` when the first and last
-        positions lie in one block or two consecutive ones of one stage (None
-        when they do not, or a position lies elsewhere)."""
+    def step_blocks(self, positions: npt.NDArray[np.int64], stop: int) -> tuple[Any, ...] | None:
+        """The arguments ``_kernels.observe_rows`` takes before ``table`` when
+        the first and last of ``positions`` (non-empty) lie in one block or two
+        consecutive ones of one stage below ``stop`` (a step's), else None:
+        ``(positions, start, end, block_size, block, layout, passes, keys``
+        of the block ``, layout, passes, keys`` of the next)."""
         first, last = int(positions[0]), int(positions[-1])
+        if first < 0:
+            return None
         if len(self._stages) == 1:
             stage, end = self._stages[0], stop
         else:
@@ -420,10 +423,18 @@ class MixtureOrder:
             return None
         this = stage.block(block)
         after = stage.block(block + 1) if ahead else this
-        outside, over = k.observe_rows(positions, stage.start, end, stage.block_size, block,
-                                       this.layout, this.passes, this.keys,
-                                       after.layout, after.passes, after.keys,
-                                       table, out)
+        return (positions, stage.start, end, stage.block_size, block, this.layout, this.passes,
+                this.keys, after.layout, after.passes, after.keys)
+
+    def _observe_blocks(self, positions: npt.NDArray[np.int64], table: npt.NDArray[np.int64],
+                        stop: int, out: npt.NDArray[np.int64]) -> int | None:
+        """:meth:`observe` by ``_kernels.observe_rows`` when the positions are
+        a step's (:meth:`step_blocks`; None when they are not, or a position
+        lies elsewhere)."""
+        args = self.step_blocks(positions, stop)
+        if args is None:
+            return None
+        outside, over = k.observe_rows(*args, table, out)  # type: ignore[call-arg]  # a Dispatcher
         return None if outside >= 0 else over
 
     def slots_before(self, position: int) -> npt.NDArray[np.int64]:

@@ -131,11 +131,18 @@ class ManyWindows:
         lengths vary: see :meth:`read`)."""
         return dict(self._first._direct_schema)
 
-    def read(self, sources: npt.NDArray[np.int64], indices: npt.NDArray[np.int64]
-             ) -> tuple[dict[str, Any], dict[str, FieldSchema]]:
+    def read(self, sources: npt.NDArray[np.int64], indices: npt.NDArray[np.int64], *,
+             kernel: Any = None, prefix: tuple[Any, ...] = ()
+             ) -> tuple[dict[str, Any], dict[str, FieldSchema]] | None:
         """Row ``b``: window ``indices[b]`` of source ``sources[b]`` (int64
         arrays of one length), as the columns and schema ``TokenWindows.read``
-        gives, in row order."""
+        gives, in row order.
+
+        ``kernel``: called as ``kernel(*prefix, *arguments of
+        _kernels.read_window_rows)`` in its place, returning what it returns;
+        it may fill ``sources`` and ``indices`` first (a mixture plans its
+        rows in the same call). None when it returns ``-2`` first: it read
+        nothing."""
         first = self._first
         rows = indices.shape[0]
         inputs, labels, positions, out = first._outputs(
@@ -143,11 +150,14 @@ class ManyWindows:
         row = np.empty(first._span, first._record_dtype)
         docs = self._docs_tables() if first._want_segments else _NO_DOCS
         while True:
-            bad, closed, failed, _, code, _, wrong = k.read_window_rows(
-                sources, indices, self._table, first._span,
-                self._shard_starts, self._live, row, self._fds, self._addresses, self._sizes,
-                self._use_pread, first._seq_len, docs, inputs, labels, first._shift,
-                first._bounds_check, first._want_segments, out)
+            arguments = (sources, indices, self._table, first._span, self._shard_starts,
+                         self._live, row, self._fds, self._addresses, self._sizes,
+                         self._use_pread, first._seq_len, docs, inputs, labels, first._shift,
+                         first._bounds_check, first._want_segments, out)
+            bad, closed, failed, _, code, _, wrong = (
+                k.read_window_rows(*arguments) if kernel is None else kernel(*prefix, *arguments))
+            if bad == -2:
+                return None
             if closed < 0:
                 break
             self._open(sources, indices)
