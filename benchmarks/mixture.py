@@ -222,6 +222,7 @@ def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
             _write(folder / "one", tokens)
             for i, part in enumerate(np.array_split(tokens, sources)):
                 _write(folder / f"part{i}", part)
+            os.sync()  # no write-back of the new files under the measurement
         options = {} if columns is None else {"columns": columns}
         one = open_dataset(folder / "one").windows(seq_len, **options)
         windows = {f"part{i}": open_dataset(folder / f"part{i}").windows(seq_len, **options)
