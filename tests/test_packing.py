@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from zerobatch import Loader, StreamWriter, open_dataset
 from zerobatch import _packing_kernels as pk
 from zerobatch.packing import PackedRows
+from zerobatch.storage import LocalStorage
 
 from support.resumed_loops import kill_and_resume, packing_loop  # isort: skip
 
@@ -484,7 +485,8 @@ _LAYOUTS = {  # record layouts read_contract compiles for: token dtype, fields
 def test_read_collated_over_record_layouts(tmp_path, layout):
     """The one-pass kernel reads each record layout (its token and mask fields
     at their offsets, any mask dtype: -0.0 and 256 are 0 and not 0 as numbers)
-    exactly as read + collate, for both label conventions and every dtype."""
+    exactly as read + collate, for both label conventions and every dtype,
+    from a mapping (in place) and by pread (into its buffer)."""
     token_dtype, fields = _LAYOUTS[layout]
     rng = np.random.default_rng(7)
     with StreamWriter(tmp_path, token_dtype=token_dtype, fields=fields,
@@ -499,8 +501,10 @@ def test_read_collated_over_record_layouts(tmp_path, layout):
             writer.add_document(rng.integers(0, np.iinfo(token_dtype).max, n,
                                              dtype=np.int64), fields=values)
     mask = "loss_mask" if "loss_mask" in fields else None
-    for labels, dtype in (("shifted", "int64"), ("aligned", "int32"), ("shifted", "stored")):
-        packed = open_dataset(tmp_path).documents(dtype=dtype).packed(
+    for labels, dtype, method in (("shifted", "int64", "mmap"), ("aligned", "int32", "pread"),
+                                  ("shifted", "stored", "mmap")):
+        storage = LocalStorage(tmp_path, method=method)  # read in place, or into a buffer
+        packed = open_dataset(tmp_path, storage=storage).documents(dtype=dtype).packed(
             64, window=40, labels=labels, loss_mask=mask, seed=1)
         assert packed._direct() is not None
         plan, _ = packed.bind_plan(4, seed=1)

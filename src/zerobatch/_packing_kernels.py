@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from zerobatch.storage.local import prefetch_request, read_request
+from zerobatch.storage.local import mapped_records, prefetch_request, read_request
 from zerobatch.stream.manifest import TOKEN
 
 __all__ = ["DROP", "POLICIES", "SPLIT", "TRUNCATE", "best_fit_decreasing", "fill_batch",
@@ -289,10 +289,11 @@ def read_contract(
     first record there) read straight from the local token files and written
     as the varlen contract in one pass. Every piece of the batch is
     prefetched first; then each piece's records (only its range of its
-    document) are read into ``records`` (``read_request`` over
-    ``LocalStorage.files``) and, while they are in the L1 cache, cast into
-    ``input_ids``, turned into labels, and the piece's position_ids, seq_idx
-    (and ``segment_ids``/``attention_mask`` when they have rows) written.
+    document) are read where the file is mapped (``mapped_records``: no
+    copy), else into ``records`` (``read_request``), both over
+    ``LocalStorage.files``; cast into ``input_ids``, turned into labels, and
+    the piece's position_ids, seq_idx (and ``segment_ids``/``attention_mask``
+    when they have rows) written.
 
     ``records`` is a structured array of ``seq_len`` records whose dtype
     (:func:`kernel_records`) has a ``token`` and a ``mask`` field at their
@@ -345,22 +346,27 @@ def read_contract(
             sh = shard[p]
             if at + n > seq_len:
                 return out_offsets, out_doc, 0, 0, -1, -1, p, -4
-            status = read_request(handles[sh], bases[sh] + record[p] * itemsize, n * itemsize,
-                                  address, fds, addresses, sizes, use_pread)
+            start = bases[sh] + record[p] * itemsize
+            src, status = mapped_records(handles[sh], start, n, records, addresses, sizes,
+                                         use_pread)
+            if status == -2:  # no mapping: read into the buffer
+                status = read_request(handles[sh], start, n * itemsize, address, fds,
+                                      addresses, sizes, use_pread)
+                src = records[:n]
             if status < 1:
                 return out_offsets, out_doc, 0, 0, -1, -1, p, status
             # Slices of the outputs (indices from 0, never negative: no wraparound
             # checks), one simple loop per column: each vectorizes.
             ids = input_ids[j, at:at + n]
             for i in range(n):
-                ids[i] = records[i].token
+                ids[i] = src[i].token
             lab = labels[j, at:at + n]
             if masked:
                 lab[:] = -100
             elif mode == 1:  # shifted: the next token, where its mask takes the loss
                 following = ids[1:]
                 if has_mask:
-                    ahead = records[1:n]
+                    ahead = src[1:n]
                     for i in range(n - 1):
                         lab[i] = following[i] if ahead[i].mask != 0 else -100
                 else:
@@ -370,7 +376,7 @@ def read_contract(
             elif mode == 2:  # aligned: this token, not the first, where the mask takes it
                 if has_mask:
                     for i in range(n):
-                        lab[i] = ids[i] if records[i].mask != 0 else -100
+                        lab[i] = ids[i] if src[i].mask != 0 else -100
                 else:
                     for i in range(n):
                         lab[i] = ids[i]

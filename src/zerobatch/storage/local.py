@@ -37,7 +37,8 @@ comes back short.
 
 Kernels of other modules may read without a buffer of their own: ``files()``
 gives the open files as arrays, ``read_request`` reads one request by the
-storage's method, and ``prefetch_request`` starts loading a mapped request
+storage's method, ``mapped_records`` gives a mapped request's records as a
+view (no copy), and ``prefetch_request`` starts loading a mapped request
 into the CPU caches (issued one read ahead, it hides the memory latency of
 shuffled reads).
 """
@@ -51,6 +52,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import numba
 import numpy as np
 import numpy.typing as npt
 from llvmlite import ir
@@ -63,7 +65,8 @@ from zerobatch.storage.protocol import byte_view, check_buffer
 
 __all__ = [
     "METHODS", "MOUNTINFO", "NETWORK_FILE_SYSTEMS", "LocalStorage", "check_status",
-    "file_system_type", "is_network", "prefetch_request", "read_request", "resolve_method",
+    "file_system_type", "is_network", "mapped_records", "prefetch_request", "read_request",
+    "resolve_method",
 ]
 
 Method = Literal["auto", "pread", "mmap"]
@@ -157,6 +160,37 @@ def read_request(
             return -3
         done += got
     return 1
+
+
+def _pointer_typer(typingctx: Any, address: Any) -> Any:
+    """``_pointer(address)``: ``address`` as a ``void *`` (for ``numba.carray``)."""
+    def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+
+    return types.voidptr(types.intp), codegen
+
+
+_pointer: Any = intrinsic(_pointer_typer)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def mapped_records(
+    handle: int, start: int, count: int, like: np.ndarray, addresses: np.ndarray,
+    sizes: np.ndarray, use_pread: bool,
+) -> tuple[np.ndarray, int]:
+    """``count`` records of ``like``'s dtype at byte ``start`` of file
+    ``handle``, as a view of its mapping: no copy (Numba only; valid while the
+    ``files()`` that gave ``addresses`` is held). Returns (the view, 1), or
+    (an empty view, a status): ``read_request``'s 0 (the file ends before
+    them) and -1 (not open), or -2 with pread (no mapping: read them)."""
+    if use_pread:
+        return like[:0], -2
+    if handle < 0 or handle >= sizes.shape[0] or sizes[handle] < 0:
+        return like[:0], -1
+    length = count * like.itemsize
+    if start < 0 or count < 0 or start + length > sizes[handle]:
+        return like[:0], 0
+    return numba.carray(_pointer(addresses[handle] + start), count, like.dtype), 1
 
 
 @njit(nogil=True, cache=True)
