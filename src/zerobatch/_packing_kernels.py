@@ -261,32 +261,40 @@ def row_windows(ids: np.ndarray, row_bits: int, window_mask: int, windows: int
 
 
 @njit(cache=True, nogil=True)
-def _count_pieces(rows: np.ndarray, row_offsets: np.ndarray) -> tuple[np.ndarray, int]:
-    """(batch row offsets ``[B + 1]`` of the pieces of ``rows``, the first ``j``
-    with ``rows[j]`` out of range or -1)."""
-    count = rows.shape[0]
+def _count_pieces(ids: np.ndarray, key: int, row_bits: int, row_offsets: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """(the rows of ``ids`` in window ``key`` (``id >> row_bits``), their
+    batch piece offsets ``[B + 1]``, the first ``j`` with ``ids[j]`` in
+    another window (or negative) or with its row out of range, else -1, and
+    -5 for the first case, 1 otherwise)."""
+    count = ids.shape[0]
     limit = row_offsets.shape[0] - 1
+    rows = np.empty(count, np.int64)
     out = np.zeros(count + 1, np.int64)
     for j in range(count):
-        r = rows[j]
-        if r < 0 or r >= limit:
-            return out, j
+        if ids[j] >> row_bits != key:
+            return rows, out, j, -5
+        r = ids[j] & ((1 << row_bits) - 1)
+        if r >= limit:
+            return rows, out, j, 1
+        rows[j] = r
         out[j + 1] = out[j] + row_offsets[r + 1] - row_offsets[r]
-    return out, -1
+    return rows, out, -1, 1
 
 
 @njit(cache=True, nogil=True)
 def read_contract(
-    rows: np.ndarray, row_offsets: np.ndarray, doc: np.ndarray, size: np.ndarray,
-    shard: np.ndarray, record: np.ndarray, handles: np.ndarray, bases: np.ndarray,
+    ids: np.ndarray, key: int, row_bits: int, row_offsets: np.ndarray, doc: np.ndarray,
+    size: np.ndarray, shard: np.ndarray, record: np.ndarray, handles: np.ndarray, bases: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
     records: np.ndarray, has_mask: bool, padding: np.ndarray, options: np.ndarray,
     input_ids: np.ndarray, labels: np.ndarray, position_ids: np.ndarray, seq_idx: np.ndarray,
     segment_ids: np.ndarray, attention_mask: np.ndarray, cu: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, int, int, int, int, int, int]:
-    """Rows ``rows`` of a packed window (``row_offsets``, ``doc``, ``size``,
-    ``shard``, ``record``: its pieces grouped by row, each piece's shard and
-    first record there) read straight from the local token files and written
+    """Rows ``ids`` (row ids: window ``key`` above ``row_bits``, the row below)
+    of a packed window (``row_offsets``, ``doc``, ``size``, ``shard``,
+    ``record``: its pieces grouped by row, each piece's shard and first
+    record there) read straight from the local token files and written
     as the varlen contract in one pass. Every piece of the batch is
     prefetched first; then each piece's records (only its range of its
     document) are read where the file is mapped (``mapped_records``: no
@@ -307,14 +315,15 @@ def read_contract(
 
     Returns (batch piece offsets ``[B + 1]``, their documents, segments in
     ``cu``, max_seqlen, bad row position or -1, shard not open or -1, failed
-    piece or -1, its ``read_request`` status or -4: a piece that does not
-    fit its row). Nothing is read when a row is bad or a shard is not open.
+    piece or -1, a status: its ``read_request`` status, -4 a piece that does
+    not fit its row, -5 the bad row is in another window). Nothing is read
+    when a row is bad or a shard is not open.
     """
-    out_offsets, bad = _count_pieces(rows, row_offsets)
+    rows, out_offsets, bad, code = _count_pieces(ids, key, row_bits, row_offsets)
     count = rows.shape[0]
     out_doc = np.empty(out_offsets[count], np.int64)
     if bad >= 0:
-        return out_offsets, out_doc, 0, 0, bad, -1, -1, 1
+        return out_offsets, out_doc, 0, 0, bad, -1, -1, code
     seq_len = input_ids.shape[1]
     itemsize = records.itemsize
     q = 0

@@ -307,6 +307,7 @@ class PackedRows:
         self._logged: set[int] = set()
         self._threads = threading.local()  # each reader thread's record buffer
         self._direct_cache: _Direct | Literal[False] | None = False  # False: not known yet
+        self._last: tuple[tuple[int, int], _Window | None] = ((-1, -1), None)  # last window
 
     def _options(self) -> dict[str, Any]:
         return {"window": self.window, "policy": self.policy, "labels": self.labels,
@@ -406,14 +407,13 @@ class PackedRows:
         direct = self._direct()
         if direct is None or output not in ("numpy", "torch"):
             return self._read_then_collate(indices, padding, output)
-        ids = np.ascontiguousarray(np.asarray(indices), dtype=np.int64).reshape(-1)
-        bad, key = pk.row_windows(ids, _ROW_BITS, _WINDOW_MASK, self._windows_per_epoch)
-        if bad >= 0 or key < 0:  # a bad id (read names it), or rows of several windows
-            return self._read_then_collate(indices, padding, output)
+        ids = np.ascontiguousarray(indices, dtype=np.int64).reshape(-1)
+        key = int(ids[0]) >> _ROW_BITS if ids.shape[0] else -1  # the kernel checks the others
+        if key < 0 or key & _WINDOW_MASK >= self._windows_per_epoch:
+            return self._read_then_collate(indices, padding, output)  # read names a bad id
         packed = self._window(key >> _WINDOW_BITS, key & _WINDOW_MASK)
         if packed.shard is None or packed.record is None:
             return self._read_then_collate(indices, padding, output)
-        rows = ids & _ROW_MASK
         ds = self._docs._ds
         local = ds._local
         nbytes, layout = direct.layout(ids.shape[0], self.seq_len, self.attention_mask)
@@ -426,8 +426,8 @@ class PackedRows:
             handles = ds._token_handles.copy()  # before the file table (tables only grow)
             files, use_pread = local.files()
             offsets, doc_ids, segments, longest, bad, closed, failed, status = \
-                pk.read_contract(rows, packed.row_offsets, packed.doc, packed.size,
-                                 packed.shard, packed.record, handles, direct.bases,
+                pk.read_contract(ids, key, _ROW_BITS, packed.row_offsets, packed.doc,
+                                 packed.size, packed.shard, packed.record, handles, direct.bases,
                                  files.fds, files.addresses, files.sizes, use_pread, records,
                                  direct.has_mask, flags, direct.options,
                                  input_ids, labels, position_ids, seq_idx, _NO_SEGMENTS,
@@ -435,10 +435,12 @@ class PackedRows:
             if closed < 0:
                 break
             ds._open(np.array([closed], np.int64))
+        if bad >= 0 and status == -5:  # rows of several windows, or a bad id
+            return self._read_then_collate(indices, padding, output)
         if bad >= 0:
             raise IndexError(f"row id {int(ids[bad])}: window {key & _WINDOW_MASK} of epoch "
                              f"{key >> _WINDOW_BITS} has {packed.rows} rows, not "
-                             f"{int(rows[bad]) + 1}")
+                             f"{(int(ids[bad]) & _ROW_MASK) + 1}")
         if failed >= 0:
             self._read_failed(ds, packed, failed, status)
         # the columns of collate(), in its order, built directly
@@ -659,14 +661,19 @@ class PackedRows:
     def _window(self, epoch: int, w: int) -> _Window:
         """Window ``w`` of ``epoch``, packed (cached)."""
         key = (epoch, w)
+        last_key, last = self._last  # one tuple, replaced whole: read without the lock
+        if last_key == key and last is not None:
+            return last
         with self._lock:
             packed = self._cache.get(key)
             if packed is not None:
                 self._cache.move_to_end(key)
+                self._last = (key, packed)
                 return packed
         packed = self._pack(epoch, w)
         with self._lock:
             self._cache[key] = packed
+            self._last = (key, packed)
             while len(self._cache) > _CACHED_WINDOWS:
                 self._cache.popitem(last=False)
             self._epoch_stats(epoch)[w] = packed.stats
