@@ -515,6 +515,20 @@ def test_read_collated_over_record_layouts(tmp_path, layout):
                           packed._read_then_collate(ids, padding, "numpy"))
 
 
+def test_read_collated_reads_rows_of_two_windows_in_one_pass(corpora, monkeypatch):
+    """A step across two windows is read by the one-pass kernel too (its rows'
+    pieces joined), equal to read then collate."""
+    packed = open_dataset(corpora["long"]).documents().packed(
+        48, window=24, loss_mask="loss_mask", labels="aligned")
+    plan, _ = packed.bind_plan(4, seed=0)
+    ids = plan.rank_indices(0, packed._window(0, 0).rows - 2, 0)[0]
+    assert len(set((ids >> 23).tolist())) == 2
+    want = packed._read_then_collate(ids, None, "numpy")
+    monkeypatch.setattr(PackedRows, "_read_then_collate",
+                        lambda *a, **k: pytest.fail("not one pass"))
+    _same_columns(packed.read_collated(ids), want)
+
+
 def test_loader_reads_collated_without_a_transform(corpora, monkeypatch):
     """With no transform the Loader reads and collates in one call; a
     transform gets the Batch that read returns, and the same columns follow."""

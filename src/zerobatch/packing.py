@@ -148,7 +148,8 @@ _CACHED_WINDOWS = 16
 _CACHED_EPOCHS = 4
 _log = logging.getLogger("zerobatch.packing")
 _NO_PADDING = np.zeros(0, np.bool_)
-_NO_SEGMENTS = np.zeros((0, 0), np.int32)  # read_contract's segment_ids: not asked for
+_NO_SEGMENTS = np.zeros((0, 0), np.int32)
+_NO_STATS = np.zeros(0, np.int64)  # read_contract's segment_ids: not asked for
 _SHARD, _START = 1, 2  # columns of the stream reader's pieces (stream._kernels)
 
 
@@ -422,21 +423,27 @@ class PackedRows:
             np.ndarray(shape, dtype, buffer, offset) for shape, dtype, offset in layout]
         records = self._record_buffer()
         flags = _NO_PADDING if padding is None else np.ascontiguousarray(padding, np.bool_)
+        rows = ids
         while True:
             handles = ds._token_handles.copy()  # before the file table (tables only grow)
             files, use_pread = local.files()
             offsets, doc_ids, segments, longest, bad, closed, failed, status = \
-                pk.read_contract(ids, key, _ROW_BITS, packed.row_offsets, packed.doc,
+                pk.read_contract(rows, key, _ROW_BITS, packed.row_offsets, packed.doc,
                                  packed.size, packed.shard, packed.record, handles, direct.bases,
                                  files.fds, files.addresses, files.sizes, use_pread, records,
                                  direct.has_mask, flags, direct.options,
                                  input_ids, labels, position_ids, seq_idx, _NO_SEGMENTS,
                                  attention, cu)
-            if closed < 0:
-                break
-            ds._open(np.array([closed], np.int64))
-        if bad >= 0 and status == -5:  # rows of several windows, or a bad id
-            return self._read_then_collate(indices, padding, output)
+            if closed >= 0:
+                ds._open(np.array([closed], np.int64))
+                continue
+            if bad >= 0 and status == -5 and rows is ids:  # rows of several windows
+                joined = self._joined_rows(ids)
+                if joined is None:  # a bad id: read names it
+                    return self._read_then_collate(indices, padding, output)
+                packed, rows, key = joined, np.arange(ids.shape[0], dtype=np.int64), 0
+                continue
+            break
         if bad >= 0:
             raise IndexError(f"row id {int(ids[bad])}: window {key & _WINDOW_MASK} of epoch "
                              f"{key >> _WINDOW_BITS} has {packed.rows} rows, not "
@@ -462,6 +469,27 @@ class PackedRows:
         else:
             out["doc_ids"] = Jagged._unchecked(doc_ids, offsets)
         return out
+
+    def _joined_rows(self, ids: npt.NDArray[np.int64]) -> _Window | None:
+        """The pieces of rows ``ids`` from several windows as one window whose
+        row ``j`` is ``ids[j]`` (what ``read_contract`` reads in one pass), or
+        None when an id is bad or a window has no piece locations."""
+        parts = []
+        for i in ids.tolist():  # a step across two windows: a few per epoch
+            w, row = (i >> _ROW_BITS) & _WINDOW_MASK, i & _ROW_MASK
+            if i < 0 or w >= self._windows_per_epoch:
+                return None
+            packed = self._window(i >> (_ROW_BITS + _WINDOW_BITS), w)
+            if row >= packed.rows or packed.shard is None or packed.record is None:
+                return None
+            lo, hi = int(packed.row_offsets[row]), int(packed.row_offsets[row + 1])
+            parts.append((packed, lo, hi))
+        row_offsets = np.zeros(len(parts) + 1, np.int64)
+        np.cumsum([hi - lo for _, lo, hi in parts], out=row_offsets[1:])
+        doc, start, size, shard, record = (
+            np.concatenate([getattr(packed, name)[lo:hi] for packed, lo, hi in parts])
+            for name in ("doc", "start", "size", "shard", "record"))
+        return _Window(doc, start, size, row_offsets, _NO_STATS, shard, record)
 
     def _direct(self) -> _Direct | None:
         """What :meth:`read_collated` needs to read in one pass (local files of
