@@ -414,8 +414,10 @@ class Loader:
 
     def _converter(self) -> Callable[[Batch], Any]:
         """The bound output (and :attr:`_placement`), made on first use."""
+        if self._convert is not None:  # every step asks: no lookup on the source
+            return self._convert
         collate = getattr(self._source, "collate", None)
-        if self._convert is None and callable(collate):
+        if callable(collate):
             # a source with a collation of its own (packed rows: the varlen contract),
             # and, without a transform to run in between, a read that collates at once
             collated = getattr(self._source, "read_collated", None)
