@@ -688,6 +688,15 @@ def _cli_seeds() -> list[Files]:
     return seeds
 
 
+def _cli_warm() -> list[Files]:
+    """A convert with its progress bar (the seeds pass ``--quiet``): an input
+    that drops the flag draws tqdm's first bar, which imports
+    ``multiprocessing.synchronize`` (its write lock)."""
+    seed = _cli_seeds()[0]
+    argv = [a for a in json.loads(seed["argv.json"]) if a != "--quiet"]
+    return [{**seed, "argv.json": json.dumps(argv).encode()}]
+
+
 _PARSERS: dict[Callable[[], Any], Any] = {}  # zerobatch's argument parser, built once
 
 
@@ -1056,7 +1065,7 @@ def _read_npy_all(folder: Path, files: Files) -> None:
 for _target in (
     Target("stream-sealed", _stream_seeds, _read_stream_sealed, warm=_stream_warm),
     Target("npy-dtypes", lambda: _npy_seeds() + _npy_more_seeds(), _read_npy_all),
-    Target("cli", _cli_seeds, _read_cli),
+    Target("cli", _cli_seeds, _read_cli, warm=_cli_warm),
     Target("state-loader", _state_seeds(_state_loader, _loader_states),
            _read_state(_state_loader), on_disk=False),
     Target("state-batch-loader", _state_seeds(_state_batch_loader, _batch_loader_states),

@@ -6,6 +6,7 @@ reader that escapes, crashes, hangs and over-allocates."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -170,3 +171,32 @@ def test_structured_mutations_cover_every_file() -> None:
             "dropfile"} <= kinds
     first = {label.split(":")[0] for label in labels[: len(seed) + 1]}
     assert first >= set(seed)  # interleaved: any prefix touches every file
+
+
+_CLI_PROGRESS_BAR = r'''
+import json, sys
+sys.path.insert(0, "benchmarks")
+import fuzz
+assert "multiprocessing.synchronize" not in sys.modules  # else the check below cannot fail
+target = fuzz.TARGETS["cli"]
+fuzz.warm_up(target)
+seed = target.seeds()[0]
+argv = [a for a in json.loads(seed["argv.json"]) if a != "--quiet"]
+report = fuzz.Report()
+fuzz.run_batch(target, [("argv.json:drop", {**seed, "argv.json": json.dumps(argv).encode()})],
+               report, timeout=60, out=None)
+print(dict(report.totals()["cli"]))
+'''
+
+
+def test_cli_warm_up_draws_a_progress_bar() -> None:
+    """Found by the fifth round: a convert input without ``--quiet`` (the flag
+    dropped or mutated away) drew tqdm's first progress bar in the child, which
+    imports ``multiprocessing.synchronize`` (its write lock): ``cold``. The cli
+    target's warm-up now converts once with the bar. Run in a fresh interpreter,
+    where nothing imported that module before."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", _CLI_PROGRESS_BAR], cwd=root,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "{'ok': 1}", done.stdout
