@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from zerobatch.plan import Plan
-from zerobatch.shuffle import _NOGIL_FROM, MAX_LENGTH, BlockShuffle, Feistel
+from zerobatch.shuffle import _NOGIL_FROM, DEFAULT_ROUNDS, MAX_LENGTH, BlockShuffle, Feistel
 
 SEEDS = st.integers(min_value=-(2**70), max_value=2**70)
 
@@ -217,3 +217,33 @@ def test_a_block_of_all_items_or_more_is_the_identity(block: int) -> None:
     assert s.block_size == block and s.num_blocks == 1
     plan = Plan(48, 4, block_size=block)
     assert plan.indices(0, 0, 0)[0].tolist() == [0, 1, 2, 3]
+
+
+def _both_kernel_permutations():
+    from numba import njit
+
+    from zerobatch.shuffle import fill_round_keys, permute_keyed, permute_one
+
+    @njit
+    def both(value: int, n: int, half: int, seed: np.uint64) -> tuple[int, int]:
+        keys = np.empty(DEFAULT_ROUNDS, np.uint64)
+        fill_round_keys(seed, keys)
+        return permute_one(value, n, half, seed), permute_keyed(value, n, half, keys)
+
+    return both
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 2**40), seed=st.integers(0, 2**64 - 1), at=st.integers(0, 2**40))
+def test_kernel_permutations_equal_feistel(n: int, seed: int, at: int) -> None:
+    """The kernels' one-value Feistel (``permute_one``: keys derived per value)
+    and its keyed form (``permute_keyed`` over ``fill_round_keys``: a
+    mixture's per-block keys) are ``Feistel(n, seed)`` itself."""
+    value = at % n
+    half = (max(2, (n - 1).bit_length()) + 1) // 2
+    expected = int(Feistel(n, seed)(np.array([value], np.int64))[0])
+    got = _BOTH(value, n, half, np.uint64(seed))
+    assert (int(got[0]), int(got[1])) == (expected, expected)
+
+
+_BOTH = _both_kernel_permutations()

@@ -79,6 +79,33 @@ def _network(a: np.ndarray, b: np.ndarray, count: int, keys: np.ndarray,
 
 
 @njit(nogil=True, cache=True, inline="always")
+def fill_round_keys(seed: np.uint64, keys: np.ndarray) -> None:
+    """``keys[:DEFAULT_ROUNDS]`` = the round keys ``permute_one(..., seed)``
+    derives (for :func:`permute_keyed`, which takes them given)."""
+    base = _mix(seed ^ np.uint64(_SEED_DOMAIN))
+    for i in range(DEFAULT_ROUNDS):
+        keys[i] = _mix(base + np.uint64(i + 1) * np.uint64(_GOLDEN))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def permute_keyed(value: int, n: int, half: int, keys: np.ndarray) -> int:
+    """:func:`permute_one` with its round keys given (:func:`fill_round_keys`):
+    no key derivation per value, for kernels that permute many values under
+    one seed held in a table."""
+    h = np.uint64(half)
+    mask = (np.uint64(1) << h) - np.uint64(1)
+    limit = np.uint64(n)
+    y = np.uint64(value)
+    while True:
+        a, b = y >> h, y & mask
+        for i in range(DEFAULT_ROUNDS):
+            a, b = b, a ^ (_mix(b ^ keys[i]) & mask)
+        y = (a << h) | b
+        if y < limit:
+            return np.int64(y)  # type: ignore[return-value]  # an int in the kernel
+
+
+@njit(nogil=True, cache=True, inline="always")
 def permute_one(value: int, n: int, half: int, seed: np.uint64) -> int:
     """``Feistel(n, seed)(value)`` inside a kernel, for one ``value`` in
     ``[0, n)``: the round keys of ``round_keys(seed, DEFAULT_ROUNDS)`` and the

@@ -11,8 +11,7 @@ import numpy as np
 from numba import njit
 
 from zerobatch.plan import _EPOCH_DOMAIN
-from zerobatch.shuffle import _GOLDEN as _ROUND_STEP
-from zerobatch.shuffle import _SEED_DOMAIN, DEFAULT_ROUNDS, _mix, permute_one
+from zerobatch.shuffle import _mix, fill_round_keys, permute_keyed, permute_one
 from zerobatch.stream._kernels import read_window_rows
 
 __all__ = [
@@ -198,25 +197,7 @@ def block_keys(before: np.ndarray, counts: np.ndarray, table: np.ndarray,
         passes[s, 1] = place
         key = np.uint64(table[s, KEY])
         for d in range(KEYED_PASSES):
-            base = _mix(_epoch_seed(key, first + d) ^ np.uint64(_SEED_DOMAIN))
-            for i in range(DEFAULT_ROUNDS):
-                keys[s, d, i] = _mix(base + np.uint64(i + 1) * np.uint64(_ROUND_STEP))
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _permute_keyed(value: int, n: int, half: int, keys: np.ndarray) -> int:
-    """``permute_one`` with its round keys given (``keys``: DEFAULT_ROUNDS of them)."""
-    h = np.uint64(half)
-    mask = (np.uint64(1) << h) - np.uint64(1)
-    limit = np.uint64(n)
-    y = np.uint64(value)
-    while True:
-        a, b = y >> h, y & mask
-        for i in range(DEFAULT_ROUNDS):
-            a, b = b, a ^ (_mix(b ^ keys[i]) & mask)
-        y = (a << h) | b
-        if y < limit:
-            return np.int64(y)  # type: ignore[return-value]  # an int in the kernel
+            fill_round_keys(_epoch_seed(key, first + d), keys[s, d])
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -236,7 +217,7 @@ def _observation_keyed(table: np.ndarray, s: int, ordinal: int, passes: np.ndarr
     if p >= table[s, LIMIT]:
         return -1
     if d < KEYED_PASSES:
-        return _permute_keyed(local, n, table[s, HALF], keys[s, d])
+        return permute_keyed(local, n, table[s, HALF], keys[s, d])
     return permute_one(local, n, table[s, HALF], _epoch_seed(np.uint64(table[s, KEY]), p))
 
 
