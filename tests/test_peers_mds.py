@@ -304,3 +304,18 @@ def test_cli_inspect_and_verify(mds, tmp_path, capsys):
     assert main(["verify", str(bad)]) == 1  # opens; verify reads every sample's header
     out = capsys.readouterr().out
     assert path.name in out and "samples[0].tokens" in out
+
+
+def test_one_kernel_specialization_for_any_batch(mds):
+    """Found by the fifth fuzz round: a batch of one piece passed its shard
+    column contiguous and every other batch a strided one, so the first batch
+    of one piece compiled a second ``mds_pieces`` (seconds, and 55 MiB in a
+    forked fuzz child). The column is passed contiguous always."""
+    from zerobatch.peers._kernels import mds_pieces
+
+    folder, _ = mds["plain"]
+    with open_dataset(folder) as ds:
+        windows = ds.windows(4)
+        windows.read([0])  # one piece
+        windows.read(np.arange(min(len(windows), 64)))  # many
+    assert {signature[0].layout for signature in mds_pieces.signatures} == {"C"}

@@ -563,9 +563,9 @@ class MDSFiles(PeerFiles):
             assert table is not None
             fixed = (0, 0, none, 0, table.tokens, table.values, table.begins, table.ends,
                      table.headers, table.shard_samples, table.shard_tokens)
-        reads, pieces, size = mds_pieces(
-            shards, requests[1] // itemsize, requests[2] // itemsize, requests[0], requests[3],
-            itemsize, total, first_len, not width, *fixed)
+        reads, pieces, size = mds_pieces(  # one layout: a batch of one piece is contiguous
+            np.ascontiguousarray(shards), requests[1] // itemsize, requests[2] // itemsize,
+            requests[0], requests[3], itemsize, total, first_len, not width, *fixed)
         scratch = np.empty(size, np.uint8)
         short = self.storage.read_into(reads[0], reads[1], reads[2], scratch, reads[3])
         if short >= 0:
