@@ -250,3 +250,17 @@ def test_empty_documents_keep_the_peer_ids_and_copy_skips_them(corpora, tmp_path
         got = native.documents().read(np.arange(count))["input_ids"]
         for x, want in zip(got, kept, strict=True):
             np.testing.assert_array_equal(np.asarray(x), want.astype(np.int64))
+
+
+def test_negative_token_names_the_peer_file(corpora, tmp_path):
+    """Found by the fifth fuzz round (an MDS input): a negative token id of a
+    peer dataset raised a FormatError naming the native layout's token file
+    (``00000.tokens``), which does not exist; it names the peer's own file."""
+    folder, prefixes = corpora["i32"]
+    target = tmp_path / "m"
+    shutil.copytree(folder, target)
+    _patch(target / f"{prefixes[0].name}.bin", 0, struct.pack("<i", -5))
+    with open_dataset(target) as ds, pytest.raises(FormatError, match="negative") as error:
+        ds.windows(4).read([0])
+    assert error.value.path.endswith(f"{prefixes[0].name}.bin"), error.value.path
+    assert error.value.field == "tokens"

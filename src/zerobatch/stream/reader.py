@@ -637,7 +637,7 @@ class TokenWindows:
             if begin <= column < begin + int(pieces[p, k.LENGTH]):
                 shard = int(pieces[p, k.SHARD])
                 record = int(pieces[p, k.START]) + column - begin
-                name = self._ds.manifest.shards[shard].file(TOKENS)
+                name = self._ds._token_file(shard)  # a peer's own file name
                 return token_error(join(self._ds.path, name), field or "tokens",
                                    int(tokens[column]), record, self._ds.manifest.token_dtype,
                                    self._dtype)
