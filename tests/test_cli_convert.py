@@ -171,3 +171,16 @@ def test_distributions_memory_is_bounded_by_the_sample(tmp_path: Path) -> None:
         assert (None if dist.lengths is None else dist.lengths.tolist()) == lengths
     assert main(["inspect", str(tmp_path / "ds"), "--plot", str(tmp_path / "d.png")]) == 0
     assert (tmp_path / "d.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_error_naming_a_path_with_a_newline_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the fifth fuzz round: an input name holding a newline made the
+    error two lines. The message escapes it: one line, the name still readable."""
+    status = main(["convert", str(tmp_path / "\n.jsonl"), "-o", str(tmp_path / "out"),
+                   "--tokenizer", "bytes", "--workers", "1", "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.count("\n") == 1 and err.startswith("zerobatch convert: "), err
+    assert "\\n.jsonl" in err

@@ -328,7 +328,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except (FormatError, OSError, ValueError, TypeError) as error:
-        print(f"zerobatch {args.command}: {error}", file=sys.stderr)
+        message = str(error).replace("\r", "\\r").replace("\n", "\\n")  # one line, always
+        print(f"zerobatch {args.command}: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"zerobatch {args.command}: interrupted", file=sys.stderr)
