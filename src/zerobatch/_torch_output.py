@@ -32,6 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from zerobatch.columnar import Batch
+
 __all__ = ["TorchOutput"]
 
 
@@ -64,7 +66,7 @@ class TorchOutput:
 
     def bind(self, plan: Any, source: Any) -> Any:
         """The converter of each step's ``Batch``."""
-        return self.after(_cpu_tensors, source)
+        return self.after(Batch.to_torch, source)
 
     def after(self, tensors: Callable[..., dict[str, Any]], source: Any = None
               ) -> Callable[..., dict[str, Any]]:
@@ -173,10 +175,6 @@ def _pinned(tensor: torch.Tensor) -> torch.Tensor:
     except TypeError:  # a dtype NumPy lacks (bfloat16)
         out.copy_(tensor)
     return out
-
-
-def _cpu_tensors(batch: Any) -> dict[str, Any]:
-    return batch.to_torch()
 
 
 def _each_tensor(step: dict[str, Any], move: Callable[[torch.Tensor], torch.Tensor]
