@@ -28,12 +28,12 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m sphinx -b html -n -W --keep-going -q docs build/docs/html -d build/docs/doctrees
 
-# Two workers (TEST_WORKERS=0: one process). --dist loadgroup keeps a module's
-# xdist_group on one worker: the fuzz slices warm their kernels once.
+# Two workers (TEST_WORKERS=0: one process). --dist loadscope runs each module on
+# one worker: its module fixtures are built once.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(MAKE) -j2 lint docs
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 $(BENCH_STAMP): pyproject.toml constraints.txt
 	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)

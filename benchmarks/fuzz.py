@@ -436,8 +436,12 @@ for _target in (
     Target("llmbatch", _batch_seeds, _read_batch),
     Target("frames", _frame_seeds, _read_frames, on_disk=False),
     Target("batchmeta", _meta_seeds, _read_meta, on_disk=False),
-    Target("safetensors", _tensor_seeds("safetensors"), _read_tensors),
-    Target("bintensors", _tensor_seeds("bintensors"), _read_tensors),
+    # load_file sniffs either format: each target warms up with both (a mutated
+    # header may read as the other's)
+    Target("safetensors", _tensor_seeds("safetensors"), _read_tensors,
+           warm=_tensor_seeds("bintensors")),
+    Target("bintensors", _tensor_seeds("bintensors"), _read_tensors,
+           warm=_tensor_seeds("safetensors")),
     Target("npy-folder", _npy_seeds, _read_npy),
     Target("service", _service_seeds, _read_service, on_disk=False),
 ):

@@ -17,6 +17,8 @@ import pytest
 
 from zerobatch import StreamWriter
 
+from support.warm import warm_windows  # isort: skip
+
 pytestmark = pytest.mark.frameworks
 
 SCRIPT = Path(__file__).parent / "support" / "dcp_train.py"
@@ -48,6 +50,7 @@ def killed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("dcp")
     with StreamWriter(root / "corpus") as writer:  # window i starts with token i * SEQ_LEN
         writer.add_document(np.arange(WINDOWS * SEQ_LEN + 1, dtype=np.uint32))
+    warm_windows(root / "corpus", SEQ_LEN, 6)
     done = _torchrun(4, "--data", str(root / "corpus"), "--checkpoint", str(root / "ckpt"),
                      "--record", str(root / "before"), "--batch-size", "6",
                      "--save-at", str(SAVE_AT))

@@ -18,10 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fuzz
 from support.s3_server import S3Server
 
-# One xdist worker runs them all: the driver's warm-up (every token dtype into every
-# output dtype) is paid once.
-pytestmark = pytest.mark.xdist_group("fuzz")
-
 SLICE = {"stream": 1000, "npy-folder": 1500,  # the slow readers get fewer (datatrove ~0.15 s)
          "megatron": 500, "datatrove": 150, "litdata": 500, "hf": 500, "mds": 200, "mds-bytes": 100,
          "hf_ranged": 300,

@@ -17,6 +17,8 @@ import pytest
 
 from zerobatch import Loader, StreamWriter, open_dataset
 
+from support.warm import warm_windows  # isort: skip
+
 pytestmark = pytest.mark.frameworks
 
 SCRIPT = Path(__file__).parent / "support" / "lightning_train.py"
@@ -28,6 +30,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("lightning")
     with StreamWriter(root / "corpus") as writer:  # window i starts with token i * SEQ_LEN
         writer.add_document(np.arange(WINDOWS * SEQ_LEN + 1, dtype=np.uint32))
+    warm_windows(root / "corpus", SEQ_LEN, 4)
     return root / "corpus"
 
 
