@@ -36,7 +36,7 @@ from numba import typed
 from zerobatch import _forksafe
 from zerobatch.columnar import FieldSchema
 from zerobatch.stream import _kernels as k
-from zerobatch.stream.reader import TokenWindows, no_docs
+from zerobatch.stream.reader import _NO_DOCS, TokenWindows
 
 __all__ = ["ManyWindows"]
 
@@ -148,7 +148,7 @@ class ManyWindows:
         inputs, labels, positions, out = first._outputs(
             first._ds._arena.take(first._output_bytes(rows)), 0, rows)
         row = np.empty(first._span, first._record_dtype)
-        docs = self._docs_tables() if first._want_segments else no_docs()
+        docs = self._docs_tables() if first._want_segments else _NO_DOCS
         while True:
             arguments = (sources, indices, self._table, first._span, self._shard_starts,
                          self._live, row, self._fds, self._addresses, self._sizes,

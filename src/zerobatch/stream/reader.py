@@ -16,7 +16,6 @@ All three are immutable and thread-safe: any number of threads may call
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping, Sequence
 from itertools import compress
@@ -37,7 +36,6 @@ from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, o
 from zerobatch.storage.local import check_status
 from zerobatch.stream import _kernels as k
 from zerobatch.stream._arena import ALIGN, Arena, carve
-from zerobatch.stream._tables import typed_tables
 from zerobatch.stream.index import Index, MappedIndex
 from zerobatch.stream.manifest import (
     DOCUMENT_KIND,
@@ -690,7 +688,7 @@ class TokenWindows:
         inputs, labels, positions, out = self._outputs(
             ds._arena.take(self._output_bytes(b_count)), 0, b_count)
         row = np.empty(n, self._record_dtype)
-        docs = ds._docs_tables() if self._want_segments else no_docs()
+        docs = ds._docs_tables() if self._want_segments else _NO_DOCS
         while True:
             # Handles before the file table: a handle another thread sets is in
             # every table taken after it (tables only grow).
@@ -826,16 +824,7 @@ class TokenWindows:
 
 
 _INT32 = np.dtype(np.int32)
-
-
-@functools.cache
-def no_docs() -> typed.List:
-    """The document offsets passed when no document column is read (never
-    indexed): typed like every dataset's tables (a typed list of read-only
-    ``<u8`` arrays), so the read kernels compile one specialization for both."""
-    table = np.zeros(2, np.uint64)
-    table.setflags(write=False)
-    return typed_tables([table], table)
+_NO_DOCS = (np.zeros(2, np.uint64),)  # document offsets never indexed (no document columns)
 
 
 def _segment_bytes(count: int, seq_len: int) -> int:
