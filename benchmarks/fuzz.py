@@ -1050,11 +1050,12 @@ def _npy_more_seeds() -> list[Files]:
     return out
 
 
-def _read_npy_all(folder: Path, files: Files) -> None:
+def _read_npy_all(folder: Path, files: Files, dtypes: tuple[str, ...] = ("int64", "int32")
+                  ) -> None:
     from zerobatch import stream
     from zerobatch.stream.npy import verify_npy
 
-    for seq_len, dtype in ((3, "int64"), (2, "int32")):
+    for seq_len, dtype in zip((3, 2), dtypes, strict=False):
         try:
             with stream.open_dataset(folder) as tokens:
                 windows = tokens.windows(seq_len, dtype=dtype)
@@ -1650,10 +1651,11 @@ def _empty_peer_inputs() -> list[Files]:
 
 
 def _warm_token_kernels() -> None:
-    """Read windows of every stored token dtype into every output dtype once in
-    this process: an input that changes a format's dtype would otherwise add
-    a kernel specialization in a forked child (``Warmth``: the input is
-    ``cold``)."""
+    """Read windows of every stored token dtype into the default int64 output
+    once in this process: an input that changes a format's dtype would
+    otherwise add a kernel specialization in a forked child (``Warmth``: the
+    input is ``cold``). Only ``npy-dtypes`` reads other outputs, and its own
+    seeds warm those (each specialization compiles for ~10 s cold)."""
     global _warmed_token_kernels
     if _warmed_token_kernels:
         return
@@ -1663,7 +1665,7 @@ def _warm_token_kernels() -> None:
             folder.mkdir()
             for name, data in files.items():
                 (folder / name).write_bytes(data)
-            _read_npy_all(folder, files)
+            _read_npy_all(folder, files, dtypes=("int64",))
     _warmed_token_kernels = True
 
 
