@@ -1050,12 +1050,15 @@ def _npy_more_seeds() -> list[Files]:
     return out
 
 
-def _read_npy_all(folder: Path, files: Files, dtypes: tuple[str, ...] = ("int64", "int32")
-                  ) -> None:
+_NPY_OUTPUTS = ((3, "int64"), (2, "int32"))  # (seq_len, output dtype) each npy read takes
+
+
+def _read_npy_all(folder: Path, files: Files,
+                  outputs: tuple[tuple[int, str], ...] = _NPY_OUTPUTS) -> None:
     from zerobatch import stream
     from zerobatch.stream.npy import verify_npy
 
-    for seq_len, dtype in zip((3, 2), dtypes, strict=False):
+    for seq_len, dtype in outputs:
         try:
             with stream.open_dataset(folder) as tokens:
                 windows = tokens.windows(seq_len, dtype=dtype)
@@ -1665,7 +1668,7 @@ def _warm_token_kernels() -> None:
             folder.mkdir()
             for name, data in files.items():
                 (folder / name).write_bytes(data)
-            _read_npy_all(folder, files, dtypes=("int64",))
+            _read_npy_all(folder, files, outputs=_NPY_OUTPUTS[:1])  # int64
     _warmed_token_kernels = True
 
 
