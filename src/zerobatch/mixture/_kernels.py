@@ -12,7 +12,7 @@ from numba import njit
 
 from zerobatch.plan import _EPOCH_DOMAIN
 from zerobatch.shuffle import _mix, fill_round_keys, permute_keyed, permute_one
-from zerobatch.stream._kernels import read_window_rows
+from zerobatch.stream._kernels import read_window_rows, read_window_rows_segments
 
 __all__ = [
     "HALF",
@@ -26,6 +26,7 @@ __all__ = [
     "block_layout",
     "extras_before",
     "observe_read_rows",
+    "observe_read_rows_segments",
     "observe_rows",
     "pass_indices",
 ]
@@ -276,6 +277,23 @@ NOT_PLANNED = -2
 position lies outside the step's blocks, or past its source's pass limit."""
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _observe_step(positions: np.ndarray, start: int, end: int, size: int, block: int,
+                  layout0: np.ndarray, passes0: np.ndarray, keys0: np.ndarray,
+                  layout1: np.ndarray, passes1: np.ndarray, keys1: np.ndarray,
+                  order: np.ndarray, observed: np.ndarray, column: np.ndarray
+                  ) -> tuple[int, int]:
+    """:func:`observe_rows` into ``observed``, then the sources again as the
+    int32 ``column`` when every position was observed. Returns what
+    ``observe_rows`` returns."""
+    outside, over = observe_rows(positions, start, end, size, block, layout0, passes0, keys0,
+                                 layout1, passes1, keys1, order, observed)
+    if outside < 0 and over < 0:
+        for b in range(column.shape[0]):
+            column[b] = observed[0, b]
+    return outside, over
+
+
 @njit(nogil=True, cache=True)
 def observe_read_rows(positions: np.ndarray, start: int, end: int, size: int, block: int,
                       layout0: np.ndarray, passes0: np.ndarray, keys0: np.ndarray,
@@ -284,9 +302,8 @@ def observe_read_rows(positions: np.ndarray, start: int, end: int, size: int, bl
                       sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
                       shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
                       fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
-                      use_pread: bool, seq_len: int, docs: list | tuple, inputs: np.ndarray,
-                      labels: np.ndarray, shift: int, bounds: np.ndarray, segments: bool,
-                      out: tuple) -> tuple[int, int, int, int, int, int, int]:
+                      use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+                      shift: int, bounds: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
     """:func:`observe_rows` into ``observed`` (``order``: its ``table``), the
     sources again as the int32 ``column``, then
     :func:`zerobatch.stream._kernels.read_window_rows` of those rows
@@ -295,12 +312,32 @@ def observe_read_rows(positions: np.ndarray, start: int, end: int, size: int, bl
     ``(NOT_PLANNED, outside, over, ...)`` with ``observe_rows``'s answer when
     the positions are not all in the step's blocks and under their limits
     (nothing read)."""
-    outside, over = observe_rows(positions, start, end, size, block, layout0, passes0, keys0,
-                                 layout1, passes1, keys1, order, observed)
+    outside, over = _observe_step(positions, start, end, size, block, layout0, passes0, keys0,
+                                  layout1, passes1, keys1, order, observed, column)
     if outside >= 0 or over >= 0:
         return NOT_PLANNED, outside, over, 1, 0, 0, -1
-    for b in range(column.shape[0]):
-        column[b] = observed[0, b]
     return read_window_rows(sources, indices, table, n, shard_starts, live, row, fds,
-                            addresses, sizes, use_pread, seq_len, docs, inputs, labels, shift,
-                            bounds, segments, out)
+                            addresses, sizes, use_pread, seq_len, inputs, labels, shift, bounds)
+
+
+@njit(nogil=True, cache=True)
+def observe_read_rows_segments(
+    positions: np.ndarray, start: int, end: int, size: int, block: int,
+    layout0: np.ndarray, passes0: np.ndarray, keys0: np.ndarray,
+    layout1: np.ndarray, passes1: np.ndarray, keys1: np.ndarray,
+    order: np.ndarray, observed: np.ndarray, column: np.ndarray,
+    sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
+    shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
+    use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+    shift: int, bounds: np.ndarray, docs: list, out: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
+    """:func:`observe_read_rows` with the document columns
+    (:func:`zerobatch.stream._kernels.read_window_rows_segments`)."""
+    outside, over = _observe_step(positions, start, end, size, block, layout0, passes0, keys0,
+                                  layout1, passes1, keys1, order, observed, column)
+    if outside >= 0 or over >= 0:
+        return NOT_PLANNED, outside, over, 1, 0, 0, -1
+    return read_window_rows_segments(sources, indices, table, n, shard_starts, live, row, fds,
+                                     addresses, sizes, use_pread, seq_len, inputs, labels,
+                                     shift, bounds, docs, out)

@@ -100,6 +100,7 @@ sources read, of the length (or ``max_passes``)."""
 SOURCE_COLUMN = "source"
 _SOURCE_SCHEMA = normalize_column(SOURCE_COLUMN, np.empty(0, np.int32))[1]
 _NO_LIMIT = np.iinfo(np.int64).max  # the pass limit of a source without max_passes
+_OBSERVE_READ = (mk.observe_read_rows, mk.observe_read_rows_segments)  # ManyWindows.read's
 
 
 def _int(name: str, value: object, low: int = 1, high: int = MAX_LENGTH) -> int:
@@ -434,7 +435,7 @@ class Mixture:
             count = idx.shape[0]
             observed = np.empty((2, count), dtype=np.int64)
             column = np.empty(count, dtype=np.int32)
-            read = group.read(observed[0], observed[1], kernel=mk.observe_read_rows,
+            read = group.read(observed[0], observed[1], kernels=_OBSERVE_READ,
                               prefix=(*blocks, self._table, observed, column))
             if read is not None:
                 read[0][SOURCE_COLUMN] = column

@@ -45,7 +45,9 @@ __all__ = [
     "plan_windows",
     "read_requests",
     "read_window_rows",
+    "read_window_rows_segments",
     "read_windows",
+    "read_windows_segments",
     "span_rows_status",
     "window_columns",
     "window_columns_meta",
@@ -488,40 +490,79 @@ def _read_row(
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _read_cast_row(
+    b: int, p: int, ahead: int, pieces: np.ndarray, requests: np.ndarray, n: int,
+    row: np.ndarray, fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
+    use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray, shift: int,
+    bounds: np.ndarray,
+) -> tuple[int, int, int, int, bool]:
+    """Window ``b`` of planned ``pieces`` (from ``p``; their ``requests``) read
+    into ``row`` and cast (``_decode_tokens``), the next window's requests
+    prefetched first (``ahead``: the first not prefetched yet). Returns (the
+    next window's first piece, the next ``ahead``, the failed request or -1,
+    its status, whether the row's ids are inside ``bounds``)."""
+    while ahead < pieces.shape[0] and pieces[ahead, OBS] <= b + 1:  # the next window
+        prefetch_request(requests[0, ahead], requests[1, ahead], requests[2, ahead],
+                         addresses, sizes, use_pread)
+        ahead += 1
+    p, failed, status = _read_row(b, p, pieces, requests, n, row.itemsize, fds, addresses,
+                                  sizes, use_pread, row)
+    if failed >= 0:
+        return p, ahead, failed, status, True
+    return p, ahead, -1, 1, _decode_tokens(b, row, seq_len, inputs, labels, shift, bounds)
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _read_planned(
     pieces: np.ndarray, requests: np.ndarray, rows: int, n: int, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
-    docs: list | tuple, inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
-    segments: bool, out: tuple,
-) -> tuple[int, int, int, int, int]:
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
+) -> tuple[int, int, int]:
     """The reading half of ``read_windows`` for planned ``pieces`` of ``rows``
-    windows and their ``requests``: each window read into ``row``, cast, and
-    with ``segments`` its document columns. Returns (failed request or -1, its
-    status, code, shard, the first row with an id outside ``bounds`` or -1)."""
-    firsts, code, shard = _first_documents(pieces if segments else pieces[:0], n, seq_len,
-                                           docs)
+    windows and their ``requests``: each window read into ``row`` and cast
+    (``_read_cast_row``). Returns (failed request or -1, its status, the first
+    row with an id outside ``bounds`` or -1)."""
+    p = ahead = 0
+    for b in range(rows):
+        p, ahead, failed, status, inside = _read_cast_row(
+            b, p, ahead, pieces, requests, n, row, fds, addresses, sizes, use_pread, seq_len,
+            inputs, labels, shift, bounds)
+        if failed >= 0:
+            return failed, status, -1
+        if not inside:
+            return -1, 1, b
+    return -1, 1, -1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_planned_segments(
+    pieces: np.ndarray, requests: np.ndarray, rows: int, n: int, row: np.ndarray,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list,
+    out: tuple,
+) -> tuple[int, int, int, int, int]:
+    """``_read_planned`` with each window's document columns (``_row_segments``
+    into ``out``), computed while the window is in cache. Returns (failed
+    request or -1, its status, code, shard, the first row with an id outside
+    ``bounds`` or -1)."""
+    firsts, code, shard = _first_documents(pieces, n, seq_len, docs)
     if code != OK:
         return -1, 1, code, shard, -1
-    itemsize = row.itemsize
     mask_starts = shift == 0 and labels.shape[0] > 0
     p = ahead = 0
     for b in range(rows):
-        while ahead < pieces.shape[0] and pieces[ahead, OBS] <= b + 1:  # the next window
-            prefetch_request(requests[0, ahead], requests[1, ahead], requests[2, ahead],
-                             addresses, sizes, use_pread)
-            ahead += 1
         first = p
-        p, failed, status = _read_row(b, p, pieces, requests, n, itemsize, fds, addresses,
-                                      sizes, use_pread, row)
+        p, ahead, failed, status, inside = _read_cast_row(
+            b, p, ahead, pieces, requests, n, row, fds, addresses, sizes, use_pread, seq_len,
+            inputs, labels, shift, bounds)
         if failed >= 0:
             return failed, status, OK, 0, -1
-        if not _decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
+        if not inside:
             return -1, 1, OK, 0, b
-        if segments:
-            _, code, shard = _row_segments(b, first, pieces, n, seq_len, docs, firsts, labels,
-                                           mask_starts, out)
-            if code != OK:
-                return -1, 1, code, shard, -1
+        _, code, shard = _row_segments(b, first, pieces, n, seq_len, docs, firsts, labels,
+                                       mask_starts, out)
+        if code != OK:
+            return -1, 1, code, shard, -1
     return -1, 1, OK, 0, -1
 
 
@@ -529,31 +570,53 @@ def _read_planned(
 def read_windows(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
     handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
-    sizes: np.ndarray, use_pread: bool, seq_len: int, docs: list | tuple, inputs: np.ndarray,
-    labels: np.ndarray, shift: int, bounds: np.ndarray, segments: bool, out: tuple,
+    sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+    shift: int, bounds: np.ndarray,
 ) -> tuple[int, int, int, int, int, int, int]:
     """``plan_windows``, then each window read into ``row`` (``n`` token
     records, reused, so it stays in the L1 cache) and cast into ``inputs`` and
-    ``labels`` at once (``_decode_tokens``), then, with ``segments``, its
-    document columns (``_row_segments`` into ``out``; ``docs``: every shard's
-    document offsets): the batch's records are never written. Straight from
-    local files (``fds``, ``addresses``, ``sizes``: ``LocalStorage.files``);
-    from mappings, the next window is prefetched while this one is cast.
+    ``labels`` at once (``_read_cast_row``): the batch's records are never
+    written. Straight from local files (``fds``, ``addresses``, ``sizes``:
+    ``LocalStorage.files``); from mappings, the next window is prefetched
+    while this one is cast. No document columns (``read_windows_segments``):
+    this kernel compiles in a third of its time.
 
     Returns (bad index position, shard not open yet, failed request of
-    ``plan_windows``'s, its ``read_request`` status or -2, code, shard, the
-    first row with an id outside ``bounds``); the first three and the last
-    are -1 when there is no such thing. Nothing is read when an index is bad
-    or a shard is not open.
+    ``plan_windows``'s, its ``read_request`` status or -2, ``OK``, 0, the first
+    row with an id outside ``bounds``); the first three and the last are -1
+    when there is no such thing (the shape ``read_windows_segments`` returns).
+    Nothing is read when an index is bad or a shard is not open.
     """
     pieces, requests, closed, bad = plan_windows(
         indices, stride, n, count, shard_starts, handles, row.itemsize
     )
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, OK, 0, -1
-    failed, status, code, shard, wrong = _read_planned(
+    failed, status, wrong = _read_planned(pieces, requests, indices.shape[0], n, row, fds,
+                                          addresses, sizes, use_pread, seq_len, inputs,
+                                          labels, shift, bounds)
+    return -1, -1, failed, status, OK, 0, wrong
+
+
+@njit(nogil=True, cache=True)
+def read_windows_segments(
+    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
+    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+    shift: int, bounds: np.ndarray, docs: list, out: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
+    """``read_windows`` with each window's document columns, computed while
+    the window is in cache (``_row_segments`` into ``out``; ``docs``: every
+    shard's document offsets). Returns what ``read_windows`` returns, a
+    ``BAD_DOCS`` code and its shard in the fifth and sixth items."""
+    pieces, requests, closed, bad = plan_windows(
+        indices, stride, n, count, shard_starts, handles, row.itemsize
+    )
+    if bad >= 0 or closed >= 0:
+        return bad, closed, -1, 1, OK, 0, -1
+    failed, status, code, shard, wrong = _read_planned_segments(
         pieces, requests, indices.shape[0], n, row, fds, addresses, sizes, use_pread, seq_len,
-        docs, inputs, labels, shift, bounds, segments, out)
+        inputs, labels, shift, bounds, docs, out)
     return -1, -1, failed, status, code, shard, wrong
 
 
@@ -980,22 +1043,44 @@ def read_window_rows(
     sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
     shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
-    docs: list | tuple, inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
-    segments: bool, out: tuple,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
 ) -> tuple[int, int, int, int, int, int, int]:
     """``read_windows`` over windows of many datasets (``plan_window_rows``),
     in row order, in one call: ``fds``, ``addresses`` and ``sizes`` are one
-    table indexed by global shard; ``docs`` every global shard's document
-    offsets (with ``segments``). Returns (bad row, shard not open, the row of
-    the failed request, its status, code, global shard, the first row with an
-    id outside ``bounds``), -1 for what did not happen, as ``read_windows``."""
+    table indexed by global shard. Returns (bad row, shard not open, the row of
+    the failed request, its status, ``OK``, 0, the first row with an id
+    outside ``bounds``), -1 for what did not happen, as ``read_windows``."""
     pieces, requests, closed, bad = plan_window_rows(
         sources, indices, table, n, shard_starts, live, sizes, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, OK, 0, -1
-    failed, status, code, shard, wrong = _read_planned(
+    failed, status, wrong = _read_planned(pieces, requests, indices.shape[0], n, row, fds,
+                                          addresses, sizes, use_pread, seq_len, inputs,
+                                          labels, shift, bounds)
+    if failed >= 0:
+        failed = pieces[failed, OBS]
+    return -1, -1, failed, status, OK, 0, wrong
+
+
+@njit(nogil=True, cache=True)
+def read_window_rows_segments(
+    sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
+    shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list,
+    out: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
+    """``read_window_rows`` with the document columns (``docs``: every global
+    shard's document offsets; ``out`` as ``read_windows_segments``'s).
+    Returns what ``read_window_rows`` returns, a ``BAD_DOCS`` code and its
+    global shard in the fifth and sixth items."""
+    pieces, requests, closed, bad = plan_window_rows(
+        sources, indices, table, n, shard_starts, live, sizes, row.itemsize)
+    if bad >= 0 or closed >= 0:
+        return bad, closed, -1, 1, OK, 0, -1
+    failed, status, code, shard, wrong = _read_planned_segments(
         pieces, requests, indices.shape[0], n, row, fds, addresses, sizes, use_pread, seq_len,
-        docs, inputs, labels, shift, bounds, segments, out)
+        inputs, labels, shift, bounds, docs, out)
     if failed >= 0:
         failed = pieces[failed, OBS]
     return -1, -1, failed, status, code, shard, wrong

@@ -36,7 +36,7 @@ from numba import typed
 from zerobatch import _forksafe
 from zerobatch.columnar import FieldSchema
 from zerobatch.stream import _kernels as k
-from zerobatch.stream.reader import _NO_DOCS, TokenWindows
+from zerobatch.stream.reader import TokenWindows
 
 __all__ = ["ManyWindows"]
 
@@ -132,30 +132,32 @@ class ManyWindows:
         return dict(self._first._direct_schema)
 
     def read(self, sources: npt.NDArray[np.int64], indices: npt.NDArray[np.int64], *,
-             kernel: Any = None, prefix: tuple[Any, ...] = ()
+             kernels: tuple[Any, Any] | None = None, prefix: tuple[Any, ...] = ()
              ) -> tuple[dict[str, Any], dict[str, FieldSchema]] | None:
         """Row ``b``: window ``indices[b]`` of source ``sources[b]`` (int64
         arrays of one length), as the columns and schema ``TokenWindows.read``
         gives, in row order.
 
-        ``kernel``: called as ``kernel(*prefix, *arguments of
-        _kernels.read_window_rows)`` in its place, returning what it returns;
-        it may fill ``sources`` and ``indices`` first (a mixture plans its
-        rows in the same call). None when it returns ``-2`` first: it read
-        nothing."""
+        ``kernels``: (without, with document columns), called as
+        ``kernel(*prefix, *arguments of _kernels.read_window_rows)`` (or
+        ``read_window_rows_segments``) in their place, returning what they
+        return; they may fill ``sources`` and ``indices`` first (a mixture
+        plans its rows in the same call). None when it returns ``-2`` first:
+        it read nothing."""
         first = self._first
         rows = indices.shape[0]
         inputs, labels, positions, out = first._outputs(
             first._ds._arena.take(first._output_bytes(rows)), 0, rows)
         row = np.empty(first._span, first._record_dtype)
-        docs = self._docs_tables() if first._want_segments else _NO_DOCS
+        plain, with_segments = kernels or (k.read_window_rows, k.read_window_rows_segments)
+        segments = (self._docs_tables(), out) if first._want_segments else ()
+        kernel = with_segments if segments else plain
         while True:
             arguments = (sources, indices, self._table, first._span, self._shard_starts,
                          self._live, row, self._fds, self._addresses, self._sizes,
-                         self._use_pread, first._seq_len, docs, inputs, labels, first._shift,
-                         first._bounds_check, first._want_segments, out)
-            bad, closed, failed, _, code, _, wrong = (
-                k.read_window_rows(*arguments) if kernel is None else kernel(*prefix, *arguments))
+                         self._use_pread, first._seq_len, inputs, labels, first._shift,
+                         first._bounds_check, *segments)
+            bad, closed, failed, _, code, _, wrong = kernel(*prefix, *arguments)
             if bad == -2:
                 return None
             if closed < 0:

@@ -688,17 +688,20 @@ class TokenWindows:
         inputs, labels, positions, out = self._outputs(
             ds._arena.take(self._output_bytes(b_count)), 0, b_count)
         row = np.empty(n, self._record_dtype)
-        docs = ds._docs_tables() if self._want_segments else _NO_DOCS
+        # Document columns: the kernel that computes them (read_windows alone
+        # compiles in a third of the time: a first run's wait, a test run's).
+        segments = (ds._docs_tables(), out) if self._want_segments else None
         while True:
             # Handles before the file table: a handle another thread sets is in
             # every table taken after it (tables only grow).
             plan = (idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles.copy(),
                     row)
             files, use_pread = local.files()  # keeps the mappings alive until the kernel returns
-            bad, closed, failed, status, code, shard, wrong = k.read_windows(
-                *plan, files.fds, files.addresses, files.sizes, use_pread, seq_len, docs,
-                inputs, labels, self._shift, self._bounds_check, self._want_segments, out,
-            )
+            arguments = (*plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
+                         inputs, labels, self._shift, self._bounds_check)
+            bad, closed, failed, status, code, shard, wrong = (
+                k.read_windows(*arguments) if segments is None
+                else k.read_windows_segments(*arguments, *segments))
             if closed < 0:
                 break
             pieces = k.plan_windows(*plan[:-1], row.itemsize)[0]
@@ -824,7 +827,6 @@ class TokenWindows:
 
 
 _INT32 = np.dtype(np.int32)
-_NO_DOCS = (np.zeros(2, np.uint64),)  # document offsets never indexed (no document columns)
 
 
 def _segment_bytes(count: int, seq_len: int) -> int:
