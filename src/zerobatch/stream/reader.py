@@ -690,7 +690,8 @@ class TokenWindows:
         row = np.empty(n, self._record_dtype)
         # Document columns: the kernel that computes them (read_windows alone
         # compiles in a third of the time: a first run's wait, a test run's).
-        segments = (ds._docs_tables(), out) if self._want_segments else None
+        segments = (ds._docs_tables(), out) if self._want_segments else ()
+        kernel = k.read_windows_segments if segments else k.read_windows
         while True:
             # Handles before the file table: a handle another thread sets is in
             # every table taken after it (tables only grow).
@@ -699,9 +700,7 @@ class TokenWindows:
             files, use_pread = local.files()  # keeps the mappings alive until the kernel returns
             arguments = (*plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
                          inputs, labels, self._shift, self._bounds_check)
-            bad, closed, failed, status, code, shard, wrong = (
-                k.read_windows(*arguments) if segments is None
-                else k.read_windows_segments(*arguments, *segments))
+            bad, closed, failed, status, code, shard, wrong = kernel(*arguments, *segments)
             if closed < 0:
                 break
             pieces = k.plan_windows(*plan[:-1], row.itemsize)[0]
