@@ -9,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 from support.s3_server import FaultProxy, S3Server
 
+from zerobatch.storage import local as local_storage
+
 # JAX reads these once, when it first starts: 8 CPU devices for the mesh tests.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
@@ -36,6 +38,15 @@ def s3_proxy(s3: S3Server) -> Iterator[FaultProxy]:
 # Fix the platform's default start method now, as a full run's imports do: the
 # first test that asked for it would otherwise "change" it from None.
 multiprocessing.get_start_method()
+
+
+@pytest.fixture(autouse=True)
+def _small_files_mapped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Map every file ``method="mmap"`` opens in this process, however small
+    (``MAP_FROM`` 0): the tests' files are all small, and the mapped read path
+    would otherwise go untested. ``tests/test_storage.py`` tests the threshold
+    itself; processes the tests start keep the default."""
+    monkeypatch.setattr(local_storage, "MAP_FROM", 0)
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,14 @@ from test_stream_helpers import random_corpus, write
 
 from zerobatch import stream
 from zerobatch.storage import LocalStorage
-from zerobatch.storage.local import MOUNTINFO, file_system_type, is_network, resolve_method
+from zerobatch.storage import local as local_storage
+from zerobatch.storage.local import (
+    MAP_FROM,
+    MOUNTINFO,
+    file_system_type,
+    is_network,
+    resolve_method,
+)
 
 
 @pytest.fixture(params=["pread", "mmap"])
@@ -92,13 +99,15 @@ import numpy as np
 from pathlib import Path
 from zerobatch.storage import LocalStorage
 folder = Path(sys.argv[1])
-(folder / "f").write_bytes(bytes(3 * 65536))
+size = int(sys.argv[2])
+(folder / "f").write_bytes(bytes(size))
 storage = LocalStorage(folder, method="mmap")
 handle = storage.open("f")
 with open(folder / "f", "r+b") as file:
     file.truncate(4096)
 buffer = np.zeros(8, dtype=np.uint8)
-storage.read_into(np.array([handle]), np.array([2 * 65536]), np.array([8]), buffer, np.array([0]))
+print(storage.read_into(np.array([handle]), np.array([size - 8]), np.array([8]), buffer,
+                        np.array([0])))
 """
 
 
@@ -106,9 +115,36 @@ def test_mmap_dies_of_a_file_truncated_while_mapped(tmp_path: Path) -> None:
     """The trade-off ``method="pread"`` exists for: a mapped read past the new end
     of a file truncated in place kills the process (SIGBUS), as with np.memmap."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    result = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_MAPPED, str(tmp_path)],
-                            capture_output=True, env=env)
+    result = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_MAPPED, str(tmp_path),
+                             str(MAP_FROM)], capture_output=True, env=env)
     assert result.returncode == -signal.SIGBUS, result.stderr.decode()
+    # A file under MAP_FROM is read by pread even so: the read comes back short.
+    result = subprocess.run([sys.executable, "-c", _TRUNCATE_WHILE_MAPPED, str(tmp_path),
+                             str(MAP_FROM - 4096)], capture_output=True, env=env, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[-1] == "0"  # the first short request
+
+
+def test_small_files_are_read_without_a_mapping(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``method="mmap"``, files under ``MAP_FROM`` bytes are read by pread
+    (address 0 in ``files()``), larger ones through their mapping, in one batch."""
+    monkeypatch.setattr(local_storage, "MAP_FROM", 1024)
+    (tmp_path / "small").write_bytes(bytes(range(256)) * 3)  # 768 bytes
+    (tmp_path / "big").write_bytes(bytes(range(255, -1, -1)) * 4)  # 1,024 bytes
+    storage = LocalStorage(tmp_path, method="mmap")
+    small, big = storage.open("small"), storage.open("big")
+    files, use_pread = storage.files()
+    assert not use_pread
+    assert files.addresses[small] == 0 and files.maps[small] is None
+    assert files.addresses[big] != 0 and files.maps[big] is not None
+    buffer = np.zeros(12, dtype=np.uint8)
+    short = storage.read_into(np.array([small, big, small, big]), np.array([510, 1020, 0, 0]),
+                              np.array([4, 4, 2, 2]), buffer, np.array([0, 4, 8, 10]))
+    assert short == -1
+    assert buffer.tolist() == [254, 255, 0, 1, 3, 2, 1, 0, 0, 1, 255, 254]
+    assert storage.read_into(np.array([small]), np.array([766]), np.array([4]), buffer,
+                             np.array([0])) == 0  # past the end: short, as with a mapping
 
 
 def test_unknown_method(tmp_path: Path) -> None:
@@ -207,19 +243,30 @@ def test_default_maps_on_a_local_file_system(tmp_path: Path) -> None:
     assert pickle.loads(pickle.dumps(storage)).method == chosen
 
 
-def test_default_reads_equal_both_methods(tmp_path: Path) -> None:
+def test_default_reads_equal_both_methods(tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every method reads the same, and so does ``mmap`` when some shards are
+    under ``MAP_FROM`` (read by pread in the same batches as mapped ones)."""
     corpus = random_corpus(np.random.default_rng(9), docs=80, max_len=60)
     path = write(tmp_path / "ds", corpus, metadata=None, mask=False, shard_tokens=500)
     order = np.random.default_rng(1).permutation(len(stream.open_dataset(path).windows(16)))
     columns = ("input_ids", "labels", "position_ids")
+    sizes = sorted(p.stat().st_size for p in path.glob("*.tokens"))
+    assert sizes[0] < sizes[-1]
     got = {}
-    for method in ("auto", "pread", "mmap"):
-        ds = stream.open_dataset(path, storage=LocalStorage(path, method=method))
+    for method in ("auto", "pread", "mmap", "mmap, the smallest shard by pread"):
+        monkeypatch.setattr(local_storage, "MAP_FROM", sizes[-1] if "," in method else 0)
+        storage = LocalStorage(path, method=method.split(",")[0])  # type: ignore[arg-type]
+        ds = stream.open_dataset(path, storage=storage)
         batch = ds.windows(16, columns=columns).read(order)
         got[method] = {name: batch[name] for name in columns}
         whole = ds.windows(16, columns="all").read(order[:5])
         got[method]["records"] = whole["input_ids"]
-    for method in ("pread", "mmap"):
+        if "," in method:
+            unmapped = [h for h in range(len(storage.files()[0].maps))
+                        if storage.files()[0].maps[h] is None]
+            assert 0 < len(unmapped) < len(storage.files()[0].maps)
+    for method in list(got)[1:]:
         for name, values in got["auto"].items():
             np.testing.assert_array_equal(values, got[method][name], err_msg=f"{method} {name}")
     assert len(order) > 30

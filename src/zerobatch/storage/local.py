@@ -8,7 +8,8 @@ GIL-free Numba loop straight into the caller's buffer, in one of two ways:
   system call per read once pages are mapped. Fastest from the local page
   cache, but, like any mapping (``np.memmap`` included), a file truncated by
   another process *while open* makes reads past its new end fault: the process
-  dies of SIGBUS instead of raising.
+  dies of SIGBUS instead of raising. Files under ``MAP_FROM`` bytes are read
+  by ``pread`` all the same: mapping one costs more than the reads it holds.
 - ``method="pread"``: one ``pread(2)`` per request. Right for network file
   systems (one request per read instead of a round trip per faulted page), and
   a file that shrinks under a running job only makes reads come back short
@@ -64,7 +65,7 @@ from zerobatch import _forksafe
 from zerobatch.storage.protocol import byte_view, check_buffer
 
 __all__ = [
-    "METHODS", "MOUNTINFO", "NETWORK_FILE_SYSTEMS", "LocalStorage", "check_status",
+    "MAP_FROM", "METHODS", "MOUNTINFO", "NETWORK_FILE_SYSTEMS", "LocalStorage", "check_status",
     "file_system_type", "is_network", "mapped_records", "prefetch_request", "read_request",
     "resolve_method",
 ]
@@ -82,6 +83,15 @@ NETWORK_FILE_SYSTEMS = frozenset({
 ``pread``, as well as every ``fuse.*`` type (sshfs, s3fs, gcsfuse, ...):
 network, FUSE, cluster and shared-disk file systems, and the host shares of
 virtual machines (9p, virtiofs)."""
+
+MAP_FROM = 1 << 16
+"""Files smaller than this (bytes) are never mapped, whatever the method.
+Making a mapping costs 20-50 us (``mmap``, ``madvise``, the first page
+fault); reading a window by ``pread`` instead of ``memcpy`` costs ~1.5 us
+more. A file under 64 KiB holds at most 16 windows of 2,048 two-byte tokens,
+fewer reads an epoch than its mapping costs; a mixture of 2,000 such
+datasets opens ~450 files for its first batch. The kernels read a file with
+no mapping (address 0) by ``pread``."""
 
 MOUNTINFO = "/proc/self/mountinfo"
 """Where Linux lists the mounts this process sees (``proc(5)``)."""
@@ -127,7 +137,7 @@ def prefetch_request(
     hides the memory latency of shuffled reads behind the current window's work."""
     if use_pread or handle < 0 or handle >= sizes.shape[0] or sizes[handle] < 0:
         return
-    if start < 0 or length <= 0 or start + length > sizes[handle]:
+    if addresses[handle] == 0 or start < 0 or length <= 0 or start + length > sizes[handle]:
         return
     first = addresses[handle] + start
     for line in range(first - first % _LINE, first + length, _LINE):
@@ -147,7 +157,7 @@ def read_request(
         return -1
     if start < 0 or length < 0 or start + length > sizes[handle]:
         return 0
-    if not use_pread:
+    if not use_pread and addresses[handle] != 0:  # mapped (MAP_FROM)
         if length > 0:
             _memcpy(address, addresses[handle] + start, length)
         return 1
@@ -182,11 +192,14 @@ def mapped_records(
     ``handle``, as a view of its mapping: no copy (Numba only; valid while the
     ``files()`` that gave ``addresses`` is held). Returns (the view, 1), or
     (an empty view, a status): ``read_request``'s 0 (the file ends before
-    them) and -1 (not open), or -2 with pread (no mapping: read them)."""
+    them) and -1 (not open), or -2 with pread or for a file not mapped
+    (``MAP_FROM``): read them."""
     if use_pread:
         return like[:0], -2
     if handle < 0 or handle >= sizes.shape[0] or sizes[handle] < 0:
         return like[:0], -1
+    if addresses[handle] == 0:  # not mapped (MAP_FROM)
+        return like[:0], -2
     length = count * like.itemsize
     if start < 0 or count < 0 or start + length > sizes[handle]:
         return like[:0], 0
@@ -390,7 +403,8 @@ class LocalStorage:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)
                     size = os.fstat(descriptor).st_size
-                    mapping = _map(descriptor) if self._method == "mmap" else None
+                    mapping = (_map(descriptor) if self._method == "mmap" and size >= MAP_FROM
+                               else None)
                 except BaseException:
                     os.close(descriptor)
                     raise
