@@ -2,7 +2,8 @@
 loader at its documented defaults against zerobatch's Loader on the same files
 (and on its own format), in one process, interleaved, wall time and CPU time.
 
-Loaders (windows of 2,048 tokens + 1 label token, batch 8, torch tensors):
+Loaders (windows of 2,048 tokens + 1 label token, batch 8 or ``--batch``, torch
+tensors):
 
 - datatrove: ``DatatroveFolderDataset(folder, 2048, token_size=2, shuffle=True)``
   in ``torch.utils.data.DataLoader(batch_size=8, shuffle=True)`` (its defaults:
@@ -21,7 +22,7 @@ CPU column is the one to trust: tokens per CPU second is what the loader costs.
 batches): where the time goes.
 
     python benchmarks/peer_throughput.py [--tokens 1e8] [--out DIR] [--rounds 5]
-        [--batches 300] [--profile]
+        [--batches 300] [--batch 8] [--profile]
 
 The corpora are ``peer_formats.py``'s (built once under ``--out``).
 """
@@ -46,29 +47,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from peer_formats import BATCH, SEQ, build
 
 
-def _datatrove(path: Path) -> Callable[[], Iterator[Any]]:
+def _datatrove(path: Path, batch_size: int) -> Callable[[], Iterator[Any]]:
     import torch
     from datatrove.utils.dataset import DatatroveFolderDataset
 
     ds = DatatroveFolderDataset(str(path), SEQ, token_size=2, shuffle=True)
 
     def epoch() -> Iterator[Any]:
-        for batch in torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True):
+        for batch in torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True):
             yield batch["input_ids"]
     return epoch
 
 
-def _litdata(path: Path) -> Callable[[], Iterator[Any]]:
+def _litdata(path: Path, batch_size: int) -> Callable[[], Iterator[Any]]:
     from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
 
     ds = StreamingDataset(str(path), item_loader=TokensLoader(block_size=SEQ + 1), shuffle=True)
 
     def epoch() -> Iterator[Any]:
-        yield from StreamingDataLoader(ds, batch_size=BATCH)
+        yield from StreamingDataLoader(ds, batch_size=batch_size)
     return epoch
 
 
-def _zerobatch(path: Path) -> Callable[[], Iterator[Any]]:
+def _zerobatch(path: Path, batch_size: int) -> Callable[[], Iterator[Any]]:
     from zerobatch import Loader, open_dataset
 
     windows = open_dataset(path).windows(SEQ)
@@ -76,7 +77,7 @@ def _zerobatch(path: Path) -> Callable[[], Iterator[Any]]:
 
     def epoch() -> Iterator[Any]:
         count[0] += 1
-        for batch in Loader(windows, BATCH, seed=count[0], output="torch", epochs=1):
+        for batch in Loader(windows, batch_size, seed=count[0], output="torch", epochs=1):
             yield batch["input_ids"]
     return epoch
 
@@ -107,17 +108,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="keep the corpora here")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--batch", type=int, default=BATCH, help="windows a batch")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     tokens = int(args.tokens)
     root = args.out or Path(tempfile.mkdtemp(prefix="zb-peers-"))
     paths = build(root / f"{tokens}", tokens, ["datatrove", "litdata", "native"])
     loaders = {
-        "datatrove DataLoader": _datatrove(paths["datatrove"]),
-        "zerobatch on .ds": _zerobatch(paths["datatrove"]),
-        "LitData StreamingDataLoader": _litdata(paths["litdata"]),
-        "zerobatch on LitData": _zerobatch(paths["litdata"]),
-        "zerobatch native": _zerobatch(paths["native"]),
+        "datatrove DataLoader": _datatrove(paths["datatrove"], args.batch),
+        "zerobatch on .ds": _zerobatch(paths["datatrove"], args.batch),
+        "LitData StreamingDataLoader": _litdata(paths["litdata"], args.batch),
+        "zerobatch on LitData": _zerobatch(paths["litdata"], args.batch),
+        "zerobatch native": _zerobatch(paths["native"], args.batch),
     }
     streams = {name: _Stream(make) for name, make in loaders.items()}
     for stream in streams.values():
@@ -132,7 +134,7 @@ def main() -> None:
             n = stream.take(args.batches)
             wall[name].append(n / (time.perf_counter() - t))
             cpu[name].append(n / max(time.process_time() - c, 1e-9))
-    print(f"tokens {tokens:,}, seq_len {SEQ}, batch {BATCH}, {args.rounds} interleaved rounds "
+    print(f"tokens {tokens:,}, seq_len {SEQ}, batch {args.batch}, {args.rounds} interleaved rounds "
           f"of {args.batches} batches; nproc {os.cpu_count()}; load during rounds "
           f"{min(loads):.1f}-{max(loads):.1f}")
     print(f"{'loader':<28} {'M tok/s wall':>13} {'M tok/CPU-s':>12}  (medians; min-max)")

@@ -13,8 +13,9 @@ import torch
 from litdata import StreamingDataset, TokensLoader, optimize
 from support._peers import check_against, check_each_once, check_same, upload
 
-from zerobatch import FormatError, open_dataset
+from zerobatch import FormatError, Mixture, open_dataset
 from zerobatch.peers import PeerDataset
+from zerobatch.stream.many import ManyWindows
 
 DOCUMENTS = 60
 
@@ -79,6 +80,38 @@ def test_windows_equal_litdatas_own_blocks(chunks):
                 np.testing.assert_array_equal(row, reference[item].numpy())
                 item += 1
         assert item == len(reference)
+
+
+def test_windows_read_by_the_one_call_kernel(chunks):
+    """Each chunk's tokens start after its header (a byte base per file): the
+    one-call kernels add it, one dataset's reads and many datasets' alike."""
+    tokens, _ = _reference(chunks)
+    seq_len = 7
+    expected = np.lib.stride_tricks.sliding_window_view(tokens, seq_len + 1)[::seq_len]
+    with open_dataset(chunks) as ds, open_dataset(chunks) as again:
+        assert len({int(s.base) for s in ds.files.shards}) > 1  # headers of other sizes
+        windows = ds.windows(seq_len)
+        assert windows._direct
+        every = np.arange(len(windows))
+        got = windows.read(every)
+        np.testing.assert_array_equal(got["input_ids"], expected[:, :-1])
+        np.testing.assert_array_equal(got["labels"], expected[:, 1:])
+        group = ManyWindows.of([windows, again.windows(seq_len)])
+        assert group is not None
+        sources = np.tile(np.array([1, 0], np.int64), len(every))
+        indices = np.repeat(every[::-1], 2).astype(np.int64)
+        columns, _ = group.read(sources, indices)
+        np.testing.assert_array_equal(columns["input_ids"], expected[indices, :-1])
+        np.testing.assert_array_equal(columns["labels"], expected[indices, 1:])
+        # a mixture of them reads its steps the same way
+        mixture = Mixture({"a": windows, "b": again.windows(seq_len)}, {"a": 1.0, "b": 2.0},
+                          length=3 * len(windows))
+        positions = np.arange(len(mixture))
+        batch = mixture.read(positions)
+        assert mixture._windows() is not None
+        _, index = mixture.locate(positions)
+        np.testing.assert_array_equal(batch["input_ids"], expected[index, :-1])
+        np.testing.assert_array_equal(batch["labels"], expected[index, 1:])
 
 
 def test_hostile_index_and_chunks(chunks, tmp_path):

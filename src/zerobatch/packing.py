@@ -503,12 +503,10 @@ class PackedRows:
             record = ds.manifest.record_dtype
             field = ds.manifest.token_field
             stored = record if field is None else record.fields[field][0]
-            bases = (ds._bases if ds._bases is not None
-                     else np.zeros(len(ds.manifest.shards), np.int64))
             direct = _Direct(np.dtype(self._docs._dtype or stored),
                              np.array([1 if self.labels == "shifted" else 2, self.pad_id],
                                       np.int64),
-                             self.loss_mask is not None, bases)
+                             self.loss_mask is not None, ds._bases)
         self._direct_cache = direct
         return direct
 

@@ -300,8 +300,8 @@ def observe_read_rows(positions: np.ndarray, start: int, end: int, size: int, bl
                       layout1: np.ndarray, passes1: np.ndarray, keys1: np.ndarray,
                       order: np.ndarray, observed: np.ndarray, column: np.ndarray,
                       sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
-                      shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
-                      fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
+                      shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray,
+                      row: np.ndarray, fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
                       use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
                       shift: int, bounds: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
     """:func:`observe_rows` into ``observed`` (``order``: its ``table``), the
@@ -316,7 +316,7 @@ def observe_read_rows(positions: np.ndarray, start: int, end: int, size: int, bl
                                   layout1, passes1, keys1, order, observed, column)
     if outside >= 0 or over >= 0:
         return NOT_PLANNED, outside, over, 1, 0, 0, -1
-    return read_window_rows(sources, indices, table, n, shard_starts, live, row, fds,
+    return read_window_rows(sources, indices, table, n, shard_starts, live, bases, row, fds,
                             addresses, sizes, use_pread, seq_len, inputs, labels, shift, bounds)
 
 
@@ -327,7 +327,7 @@ def observe_read_rows_segments(
     layout1: np.ndarray, passes1: np.ndarray, keys1: np.ndarray,
     order: np.ndarray, observed: np.ndarray, column: np.ndarray,
     sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
-    shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
+    shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
     use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
     shift: int, bounds: np.ndarray, docs: list, out: tuple,
@@ -338,6 +338,6 @@ def observe_read_rows_segments(
                                   layout1, passes1, keys1, order, observed, column)
     if outside >= 0 or over >= 0:
         return NOT_PLANNED, outside, over, 1, 0, 0, -1
-    return read_window_rows_segments(sources, indices, table, n, shard_starts, live, row, fds,
-                                     addresses, sizes, use_pread, seq_len, inputs, labels,
+    return read_window_rows_segments(sources, indices, table, n, shard_starts, live, bases,
+                                     row, fds, addresses, sizes, use_pread, seq_len, inputs, labels,
                                      shift, bounds, docs, out)

@@ -245,8 +245,9 @@ class PeerDataset(Dataset):
 
     def __init__(self, files: PeerFiles) -> None:
         self._files = files
+        # A scattered format's requests are over its token stream, with no base.
         super().__init__(files.location.root, _manifest(files), files.storage, None,
-                         bases=[s.base for s in files.shards])
+                         bases=None if files.scattered else [s.base for s in files.shards])
         self._field_sets = {name: PeerDataset(_FieldFiles(files, name)) for name in files.fields}
 
     def windows(
@@ -411,11 +412,14 @@ class _FieldFiles(PeerFiles):
 class _PeerWindows(TokenWindows):
     """``TokenWindows`` whose document columns go through the peer index:
     local reads of those columns skip the direct kernel, which takes every
-    shard's offsets whole."""
+    shard's offsets whole; so do a scattered format's reads (MDS: its tokens
+    are not one array per file)."""
+
+    _ds: PeerDataset
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self._want_segments:
+        if self._want_segments or self._ds._files.scattered:
             self._direct = False
 
 

@@ -96,9 +96,10 @@ _load_u64: Any = intrinsic(_load_u64_typer)
 @njit(nogil=True, cache=True)
 def plan_windows(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
-    handles: np.ndarray, itemsize: int,
+    handles: np.ndarray, bases: np.ndarray, itemsize: int,
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
-    """Pieces for windows ``[i * stride, i * stride + n)`` and their reads.
+    """Pieces for windows ``[i * stride, i * stride + n)`` and their reads
+    (``bases``: the byte where each shard's records start in its file).
 
     Returns (pieces, ``read_requests``'s two values, the first bad position or -1).
     """
@@ -129,23 +130,23 @@ def plan_windows(
                 p += 1
                 pos += take
             s += 1
-    requests, closed = read_requests(pieces[:p], handles, itemsize)
+    requests, closed = read_requests(pieces[:p], handles, bases, itemsize)
     return pieces[:p], requests, closed, -1
 
 
 @njit(nogil=True, cache=True)
 def read_requests(
-    pieces: np.ndarray, handles: np.ndarray, itemsize: int
+    pieces: np.ndarray, handles: np.ndarray, bases: np.ndarray, itemsize: int
 ) -> tuple[np.ndarray, int]:
     """The reads of ``pieces``, ``(4, P)``: file handle from ``handles`` (one per
-    shard, -1 if not open yet), byte offset, bytes, byte destination; and the
-    first shard whose handle is -1, or -1."""
+    shard, -1 if not open yet), byte offset (from the shard's byte ``bases``),
+    bytes, byte destination; and the first shard whose handle is -1, or -1."""
     requests = np.empty((4, pieces.shape[0]), np.int64)
     closed = -1
     for p in range(pieces.shape[0]):
         s = pieces[p, SHARD]
         requests[0, p] = handles[s]
-        requests[1, p] = pieces[p, START] * itemsize
+        requests[1, p] = bases[s] + pieces[p, START] * itemsize
         requests[2, p] = pieces[p, LENGTH] * itemsize
         requests[3, p] = pieces[p, DEST] * itemsize
         if handles[s] < 0 and closed < 0:
@@ -575,7 +576,8 @@ def _read_planned_segments(
 @njit(nogil=True, cache=True)
 def read_windows(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
-    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray,
     sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
     shift: int, bounds: np.ndarray,
 ) -> tuple[int, int, int, int, int, int, int]:
@@ -594,7 +596,7 @@ def read_windows(
     Nothing is read when an index is bad or a shard is not open.
     """
     pieces, requests, closed, bad = plan_windows(
-        indices, stride, n, count, shard_starts, handles, row.itemsize
+        indices, stride, n, count, shard_starts, handles, bases, row.itemsize
     )
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, OK, 0, -1
@@ -607,7 +609,8 @@ def read_windows(
 @njit(nogil=True, cache=True)
 def read_windows_segments(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
-    handles: np.ndarray, row: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray,
     sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
     shift: int, bounds: np.ndarray, docs: list, out: tuple,
 ) -> tuple[int, int, int, int, int, int, int]:
@@ -616,7 +619,7 @@ def read_windows_segments(
     shard's document offsets). Returns what ``read_windows`` returns, a
     ``BAD_DOCS`` code and its shard in the fifth and sixth items."""
     pieces, requests, closed, bad = plan_windows(
-        indices, stride, n, count, shard_starts, handles, row.itemsize
+        indices, stride, n, count, shard_starts, handles, bases, row.itemsize
     )
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, OK, 0, -1
@@ -991,7 +994,8 @@ def span_rows_status(table: np.ndarray, docs: np.ndarray, records: int) -> tuple
 @njit(nogil=True, cache=True)
 def plan_window_rows(
     sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
-    shard_starts: np.ndarray, live: np.ndarray, sizes: np.ndarray, itemsize: int,
+    shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray, sizes: np.ndarray,
+    itemsize: int,
 ) -> tuple[np.ndarray, np.ndarray, int, int]:
     """``plan_windows`` for windows of many datasets laid end to end in one
     record space: row ``b`` is window ``indices[b]`` of source ``s =
@@ -1001,7 +1005,8 @@ def plan_window_rows(
     are every dataset's shard starts in that space, and global shard ``g`` is
     handle ``g`` of the tables ``read_window_rows`` takes. Shard ``g`` is open
     when ``sizes[g] >= 0`` and the int64 at address ``live[g]`` (its dataset's
-    own handle of it, -1 once closed) is ``>= 0``.
+    own handle of it, -1 once closed) is ``>= 0``; ``bases[g]`` is the byte
+    where its records start in its file.
 
     Returns (pieces, requests, the first shard not open or -1, the first row
     whose source has no base (< 0) or whose index is out of range, or -1)."""
@@ -1033,7 +1038,7 @@ def plan_window_rows(
                 pieces[p, DEST] = b * n + pos - g
                 is_open = sizes[s] >= 0 and np.int64(_load_u64(live[s])) >= 0
                 requests[0, p] = s if is_open else -1
-                requests[1, p] = pieces[p, START] * itemsize
+                requests[1, p] = bases[s] + pieces[p, START] * itemsize
                 requests[2, p] = take * itemsize
                 requests[3, p] = pieces[p, DEST] * itemsize
                 if not is_open and closed < 0:
@@ -1047,7 +1052,7 @@ def plan_window_rows(
 @njit(nogil=True, cache=True)
 def read_window_rows(
     sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
-    shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
+    shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
     inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
 ) -> tuple[int, int, int, int, int, int, int]:
@@ -1057,7 +1062,7 @@ def read_window_rows(
     the failed request, its status, ``OK``, 0, the first row with an id
     outside ``bounds``), -1 for what did not happen, as ``read_windows``."""
     pieces, requests, closed, bad = plan_window_rows(
-        sources, indices, table, n, shard_starts, live, sizes, row.itemsize)
+        sources, indices, table, n, shard_starts, live, bases, sizes, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, OK, 0, -1
     failed, status, wrong = _read_planned(pieces, requests, indices.shape[0], n, row, fds,
@@ -1071,7 +1076,7 @@ def read_window_rows(
 @njit(nogil=True, cache=True)
 def read_window_rows_segments(
     sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
-    shard_starts: np.ndarray, live: np.ndarray, row: np.ndarray,
+    shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
     inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list,
     out: tuple,
@@ -1081,7 +1086,7 @@ def read_window_rows_segments(
     Returns what ``read_window_rows`` returns, a ``BAD_DOCS`` code and its
     global shard in the fifth and sixth items."""
     pieces, requests, closed, bad = plan_window_rows(
-        sources, indices, table, n, shard_starts, live, sizes, row.itemsize)
+        sources, indices, table, n, shard_starts, live, bases, sizes, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, OK, 0, -1
     failed, status, code, shard, wrong = _read_planned_segments(

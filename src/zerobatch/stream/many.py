@@ -48,7 +48,7 @@ def _layout(source: TokenWindows) -> tuple[Any, ...] | None:
     by the one-call local path. (The id bounds follow from the record and
     output dtypes.)"""
     ds = source._ds
-    if not source._direct or ds._local is None or ds._bases is not None:
+    if not source._direct or ds._local is None:
         return None
     return (source._seq_len, source._shift, source._dtype, source._columns,
             source._record_dtype, source._want_segments, source._mask_labels,
@@ -71,6 +71,7 @@ class ManyWindows:
         # One record space: each dataset's shards after the previous dataset's.
         counts = np.array([ds._records.shape[0] for ds in self._datasets], dtype=np.int64)
         records = np.concatenate([ds._records for ds in self._datasets])
+        self._bases = np.concatenate([ds._bases for ds in self._datasets])  # by global shard
         self._shard_starts = np.zeros(records.shape[0] + 1, dtype=np.int64)
         np.cumsum(records, out=self._shard_starts[1:])
         shard_base = np.zeros(counts.shape[0], dtype=np.int64)
@@ -115,7 +116,9 @@ class ManyWindows:
         for source in sources:
             if source is None:
                 continue
-            if type(source) is not TokenWindows:
+            # a subclass whose reads add to TokenWindows.read's (a peer's field
+            # columns) reads apart; one that only picks the path (a peer's) joins
+            if not isinstance(source, TokenWindows) or type(source).read is not TokenWindows.read:
                 return None
             layout = _layout(source)
             if layout is None:
@@ -154,7 +157,7 @@ class ManyWindows:
         kernel = with_segments if segments else plain
         while True:
             arguments = (sources, indices, self._table, first._span, self._shard_starts,
-                         self._live, row, self._fds, self._addresses, self._sizes,
+                         self._live, self._bases, row, self._fds, self._addresses, self._sizes,
                          self._use_pread, first._seq_len, inputs, labels, first._shift,
                          first._bounds_check, *segments)
             bad, closed, failed, _, code, _, wrong = kernel(*prefix, *arguments)
@@ -176,7 +179,8 @@ class ManyWindows:
         """Open the shards these rows read that are not in the table (a closed
         dataset raises its ValueError)."""
         pieces = k.plan_window_rows(sources, indices, self._table, self._first._span,
-                                    self._shard_starts, self._live, self._sizes, 1)[0]
+                                    self._shard_starts, self._live, self._bases, self._sizes,
+                                    1)[0]
         wanted = np.unique(pieces[:, k.SHARD])
         # sorted: global shards are grouped by dataset, so each dataset's are one run
         cuts = np.flatnonzero(np.diff(self._owner[wanted])) + 1

@@ -254,12 +254,11 @@ class NpyTokens:
         count = (self.num_tokens - span) // stride + 1
         itemsize = self._dtype.itemsize
         pieces, requests, _, bad = k.plan_windows(
-            windows, stride, span, count, self._starts, self._handles, itemsize
+            windows, stride, span, count, self._starts, self._handles, self._offsets, itemsize
         )
         if bad >= 0:
             raise IndexError(f"window {int(windows[bad])} is out of range for {max(count, 0)}")
         shards = pieces[:, k.SHARD]
-        requests[1] += self._offsets[shards]
         nbytes = windows.shape[0] * span * itemsize
         buffer = self._arena.take(nbytes)[:nbytes]
         short = self._storage.read_into(requests[0], requests[1], requests[2], buffer, requests[3])

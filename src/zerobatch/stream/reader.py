@@ -97,8 +97,9 @@ class Dataset:
         self._shard_starts = np.concatenate([[0], np.cumsum(self._records)]).astype(np.int64)
         self._doc_starts = np.concatenate(
             [[0], np.cumsum([s.documents for s in shards])]).astype(np.int64)
-        # Byte where each shard's records start in its token file (None: all at 0).
-        self._bases = None if bases is None or not any(bases) else np.array(bases, np.int64)
+        # Byte where each shard's records start in its token file.
+        self._bases = np.zeros(len(shards), np.int64) if bases is None else np.array(
+            bases, np.int64)
         self._token_handles = np.full(len(shards), -1, dtype=np.int64)  # -1: not open yet
         self._index = self._make_index()
         self._arena = Arena()
@@ -227,8 +228,6 @@ class Dataset:
         shards = pieces[:, k.SHARD]
         if closed >= 0:
             requests[0] = self._open(shards)[shards]
-        if self._bases is not None:
-            requests[1] += self._bases[shards]
         short = self._storage.read_into(requests[0], requests[1], requests[2], buffer, requests[3])
         if short >= 0:
             raise self._short_read(shards, requests, short)
@@ -566,7 +565,7 @@ class TokenWindows:
         allowed) as one Batch."""
         ds, n, seq_len = self._ds, self._span, self._seq_len
         idx = _indices(indices)
-        if self._direct and ds._local is not None and ds._bases is None:
+        if self._direct and ds._local is not None:
             return self._read_direct(ds._local, idx)
         b_count = idx.shape[0]
         # One buffer per batch, recycled once the batch is gone: records, then the planes.
@@ -615,7 +614,7 @@ class TokenWindows:
         ds = self._ds
         pieces, requests, closed, bad = k.plan_windows(
             idx, self._stride, self._span, self._len, ds._shard_starts, ds._token_handles,
-            self._record_dtype.itemsize,
+            ds._bases, self._record_dtype.itemsize,
         )
         if bad >= 0:
             raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
@@ -652,7 +651,7 @@ class TokenWindows:
         read's."""
         idx = _indices(indices)
         ds = self._ds
-        if not (self._direct and ds._local is not None and ds._bases is None):
+        if not (self._direct and ds._local is not None):
             return self.collate(read_indices(self, idx, padding), output)
         columns, out = self._direct_columns(ds._local, idx)
         if self._want_cu:
@@ -696,7 +695,7 @@ class TokenWindows:
             # Handles before the file table: a handle another thread sets is in
             # every table taken after it (tables only grow).
             plan = (idx, self._stride, n, self._len, ds._shard_starts, ds._token_handles.copy(),
-                    row)
+                    ds._bases, row)
             files, use_pread = local.files()  # keeps the mappings alive until the kernel returns
             arguments = (*plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
                          inputs, labels, self._shift, self._bounds_check)
@@ -949,7 +948,7 @@ class Documents:
         ds._check(code, shard)
         itemsize = ds.manifest.record_dtype.itemsize
         buffer = ds._arena.take(int(offsets[-1]) * itemsize)[:int(offsets[-1]) * itemsize]
-        requests, closed = k.read_requests(pieces, ds._token_handles, itemsize)
+        requests, closed = k.read_requests(pieces, ds._token_handles, ds._bases, itemsize)
         return ds._read_records(pieces, requests, closed, buffer), offsets
 
     def packed(self, seq_len: int, **options: Any) -> PackedRows:
@@ -975,7 +974,7 @@ class Documents:
         out_bytes = 0 if self._dtype is None else total * self._dtype.itemsize
         buffer = ds._arena.take(record_bytes + ALIGN + out_bytes)
         raw, offset = carve(buffer, 0, np.uint8, (record_bytes,))
-        requests, closed = k.read_requests(pieces, ds._token_handles, itemsize)
+        requests, closed = k.read_requests(pieces, ds._token_handles, ds._bases, itemsize)
         records = ds._read_records(pieces, requests, closed, raw)
         field = ds.manifest.token_field
         tokens = records if field is None else records[field]
