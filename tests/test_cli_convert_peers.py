@@ -84,7 +84,11 @@ def test_options_that_cannot_apply(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "t.txt"), "-o", str(tmp_path / "o4"),
                  "--tokenizer", "bytes", "--input-option", "dtype=uint32"]) == 1
     assert "--input-option applies" in capsys.readouterr().err
-    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 5))
+    # a digit to str.isdigit that int() refuses: the option's own check names it
+    assert main(["convert", str(tmp_path / "olmo"), "-o", str(tmp_path / "o5"), *peer,
+                 "--input-option", "eos_id=\u00b2"]) == 1
+    assert "eos_id must be a non-negative int, got '\u00b2'" in capsys.readouterr().err
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 6))
 
 
 def test_input_format_choices_are_the_peer_formats():

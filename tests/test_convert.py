@@ -201,6 +201,19 @@ def test_identical_with_one_and_two_workers(tmp_path: Path, tokenizer_file: Path
     assert one.documents == 240
 
 
+def test_a_rerun_clears_only_shard_files(tmp_path: Path) -> None:
+    """What a killed combine left (shard files: ASCII digits) goes; a user's
+    file whose name is other digits to ``str.isdigit`` stays."""
+    from zerobatch.convert.api import _clear_partial
+
+    names = ["00000.tokens", "00001.docs", ".00002.tokens.tmp", "\u00b2" * 5 + ".tokens",
+             "notes.txt"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"x")
+    _clear_partial(tmp_path, {})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[3:])
+
+
 def test_killed_convert_reruns_to_the_same_dataset(tmp_path: Path) -> None:
     rows = [{"text": t} for t in TEXTS * 3]
     data = "".join(json.dumps(r) + "\n" for r in rows).encode()

@@ -128,6 +128,21 @@ def test_token_size_from_sizes_and_option(tmp_path):
         open_dataset(tmp_path, format="datatrove", token_size=2)
 
 
+def test_token_size_after_a_separator_strip_removes(folders, tmp_path):
+    """A first line ending in a character ``str.strip`` removes and ``int``
+    does not take (U+001E, found by the fuzzer): the size the check saw."""
+    import shutil
+
+    folder = tmp_path / "d"
+    shutil.copytree(folders[4], folder)
+    for meta in folder.glob("*.metadata"):
+        first, rest = meta.read_bytes().split(b"\n", 1)
+        meta.write_bytes(first + b"\x1e\n" + rest)
+    with open_dataset(folder) as ds, open_dataset(folders[4]) as original:
+        assert ds.manifest.record_dtype == np.dtype("<u4")
+        check_same(original, ds)
+
+
 def test_hostile_files(folders, tmp_path):
     import shutil
 

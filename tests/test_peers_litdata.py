@@ -125,6 +125,9 @@ def test_hostile_index_and_chunks(chunks, tmp_path):
                           (lambda x: x["config"].update(compression="zstd"), "compression"),
                           (lambda x: x["config"].update(data_format=["no_header_tensor:0"]),
                            "data_format"),
+                          # a digit to str.isdigit, not to int()
+                          (lambda x: x["config"].update(data_format=["no_header_tensor:\u00b2"]),
+                           "data_format"),
                           (lambda x: x["chunks"][0].update(filename="../etc"), "filename"),
                           (lambda x: x["chunks"][1].update(dim=-1), "dim"),
                           (lambda x: x["chunks"][1].update(dim=3), "bytes")):

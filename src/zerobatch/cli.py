@@ -125,7 +125,7 @@ def _input_options(pairs: Sequence[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--input-option takes KEY=VALUE, got {pair!r}")
-        options[key] = int(value) if value.lstrip("-").isdigit() else value
+        options[key] = int(value) if value.lstrip("-").isdecimal() else value
     return options
 
 
@@ -168,7 +168,7 @@ def _convert(args: argparse.Namespace) -> None:
 
 
 def _eos(text: str) -> int | str:
-    return int(text) if text.isdigit() else text
+    return int(text) if text.isdecimal() else text
 
 
 def _command(commands: Any, name: str, summary: str, example: str) -> argparse.ArgumentParser:

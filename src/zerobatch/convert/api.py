@@ -151,7 +151,7 @@ def _run(jobs: list[Job], workers: int, executor: cf.Executor | None,
 
 def _is_shard_file(name: str) -> bool:
     stem = name.lstrip(".").split(".")[0]
-    return stem.isdigit() and len(stem) >= len(shard_name(0))
+    return stem.isascii() and stem.isdigit() and len(stem) >= len(shard_name(0))
 
 
 def _clear_partial(output: Path | str, options: Mapping[str, Any]) -> None:

@@ -155,7 +155,8 @@ class DatatroveFiles(PeerFiles):
         raw = read_at(self.storage, name, 0, size, path=self.path(name), field="token_size")
         first = raw.split(b"\n", 1)[0].decode("utf-8", "replace")
         _, bar, value = first.rpartition("|")
-        if not bar or value.strip() not in ("2", "4"):
+        value = value.strip()  # the value checked is the value returned
+        if not bar or value not in ("2", "4"):
             raise FormatError(f"expected a first line '<tokenizer>|<2 or 4>', found "
                               f"{first[:80]!r}", path=self.path(name), field="token_size")
         return int(value)

@@ -93,7 +93,7 @@ def _dtype(config: dict[str, Any], location: Location) -> np.dtype:
                     "config.data_format")
     kind, _, code = formats[0].partition(":")
     table = {"no_header_tensor": TORCH_CODES, "no_header_numpy": NUMPY_CODES}.get(kind)
-    dtype = table.get(int(code)) if table is not None and code.isdigit() else None
+    dtype = table.get(int(code)) if table is not None and code.isdecimal() else None
     if dtype is None:
         raise _fail(f"expected no_header_tensor or no_header_numpy of an integer type, found "
                     f"{formats[0]!r:.80}", location, "config.data_format")
