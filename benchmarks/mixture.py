@@ -13,11 +13,12 @@
    tracemalloc's (NumPy's buffers included) less the first batch's arrays.
 2. Throughput (``--only throughput``, the >= 0.9 target): a Loader over a
    mixture of 100 token-stream datasets against a Loader over one dataset
-   holding the same tokens (windows of 2,048 tokens, batches of 64 and 512,
-   threads 0, 1 and 2), epochs interleaved, best of 5: wall and CPU-time
-   ratios (one / mixture); then both Loaders' steps alternated one by one,
-   the ratio of their median CPU time a step (the figure that holds under
-   load).
+   holding the same tokens (``--format``: written by zerobatch or by a peer's
+   own writer, Megatron, datatrove or LitData, and read in place; windows of
+   2,048 tokens, batches of 64 and 512, threads 0, 1 and 2), epochs
+   interleaved, best of 5: wall and CPU-time ratios (one / mixture); then both
+   Loaders' steps alternated one by one, the ratio of their median CPU time a
+   step (the figure that holds under load).
 3. Proportion error: per batch of 512, the largest ``|count / 512 - weight|``
    over sources and batches, zerobatch against torchdata's
    ``MultiNodeWeightedSampler`` (random draws) at the same weights.
@@ -26,7 +27,7 @@
    block's first position, O(1) after.
 
 Run: ``python benchmarks/mixture.py [--only startup throughput proportions large]
-[--megatron-max 1000000000] [--quick]``. Megatron's build is O(samples *
+[--megatron-max 1000000000] [--format native] [--quick]``. Megatron's build is O(samples *
 sources) in time and 10 bytes a sample in memory; cases with samples *
 sources above ``--megatron-max`` are extrapolated linearly from the largest
 measured one (printed as such).
@@ -194,17 +195,29 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
                           f"{opened:.1f} MiB{note}")
 
 
-def _write(folder: Path, tokens: np.ndarray) -> None:
+def _write(folder: Path, tokens: np.ndarray, fmt: str = "native") -> Path:
+    """``tokens`` as documents of 1,000 tokens in ``folder``, written by zerobatch's
+    ``StreamWriter`` or (``fmt``: megatron, datatrove, litdata) by that peer's own
+    writer (``peer_formats.py``); returns the path ``open_dataset`` takes."""
+    if fmt != "native":
+        import peer_formats
+
+        ends = np.append(np.arange(1000, tokens.shape[0], 1000), tokens.shape[0])
+        folder.mkdir(parents=True)
+        getattr(peer_formats, f"_write_{fmt}")(folder, tokens, ends - np.diff(ends, prepend=0),
+                                               ends)
+        return folder / "corpus" if fmt == "megatron" else folder
     from zerobatch import StreamWriter
 
     with StreamWriter(folder, shard_tokens=1 << 22) as writer:
         for doc in np.split(tokens, np.arange(1000, tokens.shape[0], 1000)):
             writer.add_document(doc)
+    return folder
 
 
 def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
                repeats: int, columns: tuple[str, ...] | None, threads: tuple[int, ...] = (0, 1, 2),
-               root: Path | None = None) -> list[float]:
+               root: Path | None = None, fmt: str = "native") -> list[float]:
     """Loader epochs over one dataset and over a mixture of ``sources`` parts of
     the same tokens, interleaved ``repeats`` times; prints the best wall and
     CPU (process) time per step of each and their ratios (one / mixture: 1.0
@@ -212,21 +225,25 @@ def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
     from zerobatch import Loader, Mixture, open_dataset
 
     print(f"\n## 2. Loader throughput: one dataset vs a mixture of {sources} "
-          f"(windows of {seq_len}, batch {batch_size}, output='numpy', columns "
+          f"(files written by {'zerobatch' if fmt == 'native' else fmt}, windows of "
+          f"{seq_len}, batch {batch_size}, output='numpy', columns "
           f"{columns or 'default'}; best of {repeats} interleaved epochs)")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) if root is None else root
-        if not (folder / f"part{sources - 1}").exists():
+        folder = (Path(tmp) if root is None else root) / fmt
+        paths = [folder / "one", *(folder / f"part{i}" for i in range(sources))]
+        if fmt == "megatron":
+            paths = [path / "corpus" for path in paths]
+        if not folder.exists():
             rng = np.random.default_rng(0)
             tokens = rng.integers(0, 50_000, size=total_tokens, dtype=np.uint16)
-            _write(folder / "one", tokens)
+            _write(folder / "one", tokens, fmt)
             for i, part in enumerate(np.array_split(tokens, sources)):
-                _write(folder / f"part{i}", part)
+                _write(folder / f"part{i}", part, fmt)
             os.sync()  # no write-back of the new files under the measurement
         options = {} if columns is None else {"columns": columns}
-        one = open_dataset(folder / "one").windows(seq_len, **options)
-        windows = {f"part{i}": open_dataset(folder / f"part{i}").windows(seq_len, **options)
-                   for i in range(sources)}
+        one = open_dataset(paths[0]).windows(seq_len, **options)
+        windows = {f"part{i}": open_dataset(path).windows(seq_len, **options)
+                   for i, path in enumerate(paths[1:])}
         rows = sum(len(w) for w in windows.values())
         mixture = Mixture(windows, {n: float(len(w)) for n, w in windows.items()}, length=rows,
                           max_passes=1)
@@ -367,6 +384,10 @@ def main() -> None:
     parser.add_argument("--no-megatron", action="store_true",
                         help="start-up: zerobatch alone (Megatron's 2,000-source build takes "
                              "about a minute)")
+    parser.add_argument("--format", default="native",
+                        choices=["native", "megatron", "datatrove", "litdata"],
+                        help="throughput: who writes the files (a peer's own writer: read in "
+                             "place)")
     parser.add_argument("--only", nargs="+",
                         default=["startup", "throughput", "proportions", "large"],
                         choices=["startup", "throughput", "proportions", "large"])
@@ -386,7 +407,8 @@ def main() -> None:
             for batch_size, columns in ((64, ("input_ids", "labels")),
                                         (512, ("input_ids", "labels")),
                                         (64, ("input_ids", "labels", *DOCUMENT_MASKING))):
-                throughput(40_000_000, 100, 2048, batch_size, 5, columns, root=Path(tmp))
+                throughput(40_000_000, 100, 2048, batch_size, 5, columns, root=Path(tmp),
+                           fmt=args.format)
     if "proportions" in args.only:
         proportions(2_000, 512, 100)
     if "large" in args.only:

@@ -252,6 +252,32 @@ def test_empty_documents_keep_the_peer_ids_and_copy_skips_them(corpora, tmp_path
             np.testing.assert_array_equal(np.asarray(x), want.astype(np.int64))
 
 
+@pytest.mark.parametrize("name", ["u16", "i32"])
+def test_mixture_with_document_masking_reads_in_one_call(corpora, name):
+    """A mixture's step over Megatron datasets with document columns: one
+    kernel call over every shard's offsets whole (empty documents dropped),
+    the same columns as each dataset's own per-batch lookups."""
+    from zerobatch import Mixture
+
+    folder, prefixes = corpora[name]
+    parts = [open_dataset(prefix) for prefix in prefixes]
+    windows = {str(i): ds.windows(8, document_masking=True)
+               for i, ds in enumerate([*parts, open_dataset(folder)])}
+    mixture = Mixture(windows, {"0": 1.0, "1": 2.0, "2": 0.5},
+                      length=sum(len(w) for w in windows.values()), max_passes=1)
+    positions = np.random.default_rng(0).permutation(len(mixture))[:300]
+    batch = mixture.read(positions)
+    assert mixture._windows() is not None  # the one-call path
+    sources, index = mixture.locate(positions)
+    names = mixture.names
+    for row, (s, i) in enumerate(zip(sources.tolist(), index.tolist(), strict=True)):
+        own = windows[names[s]].read([i])
+        for column in ("input_ids", "labels", "position_ids"):
+            np.testing.assert_array_equal(batch[column][row], own[column][0])
+        np.testing.assert_array_equal(np.asarray(batch["cu_seqlens"][row]),
+                                      np.asarray(own["cu_seqlens"][0]))
+
+
 def test_negative_token_names_the_peer_file(corpora, tmp_path):
     """Found by the fifth fuzz round (an MDS input): a negative token id of a
     peer dataset raised a FormatError naming the native layout's token file

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from numba import typed
 
 from zerobatch import _forksafe
 from zerobatch._text import format_table
@@ -249,6 +250,7 @@ class PeerDataset(Dataset):
         super().__init__(files.location.root, _manifest(files), files.storage, None,
                          bases=None if files.scattered else [s.base for s in files.shards])
         self._field_sets = {name: PeerDataset(_FieldFiles(files, name)) for name in files.fields}
+        self._whole_docs: typed.List | None = None
 
     def windows(
         self, seq_len: int, *, stride: int | None = None, labels: Any = "shifted",
@@ -286,6 +288,27 @@ class PeerDataset(Dataset):
 
     def _make_index(self) -> PeerIndex:
         return PeerIndex(self._files, self._shard_error)
+
+    def _docs_tables(self) -> typed.List:
+        """Every shard's document offsets whole, derived and checked once
+        (``PeerFiles.whole``), empty documents dropped (a repeated offset
+        changes no segment): what a mixture's one-call read takes."""
+        found = self._whole_docs
+        if found is None:
+            with self._lock:
+                if self._whole_docs is None:
+                    tables = typed.List()
+                    for shard in range(len(self._files.shards)):
+                        table = self._files.whole(shard)
+                        starts = np.ones(table.shape[0], bool)
+                        starts[1:] = table[1:] != table[:-1]
+                        if not starts.all():
+                            table = table[starts]
+                            table.setflags(write=False)  # one list type with native tables
+                        tables.append(table)
+                    self._whole_docs = tables
+                found = self._whole_docs
+        return found
 
     def _token_file(self, shard: int) -> str:
         return self._files.shards[shard].tokens
@@ -410,16 +433,22 @@ class _FieldFiles(PeerFiles):
 
 
 class _PeerWindows(TokenWindows):
-    """``TokenWindows`` whose document columns go through the peer index:
-    local reads of those columns skip the direct kernel, which takes every
-    shard's offsets whole; so do a scattered format's reads (MDS: its tokens
-    are not one array per file)."""
+    """``TokenWindows`` whose document columns go through the peer index: one
+    dataset's local reads of those columns skip the direct kernel, which takes
+    every shard's offsets whole (an O(documents) derivation, paid only by a
+    mixture's one-call read of many datasets, and only where the format counts
+    its documents in its headers). A scattered format's reads (MDS: its tokens
+    are not one array per file) skip both."""
 
     _ds: PeerDataset
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self._want_segments or self._ds._files.scattered:
+        files = self._ds._files
+        if files.scattered:
+            self._direct = self._one_call = False
+        elif self._want_segments:
+            self._one_call = self._direct and files.counted
             self._direct = False
 
 

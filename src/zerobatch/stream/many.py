@@ -48,7 +48,7 @@ def _layout(source: TokenWindows) -> tuple[Any, ...] | None:
     by the one-call local path. (The id bounds follow from the record and
     output dtypes.)"""
     ds = source._ds
-    if not source._direct or ds._local is None:
+    if not source._one_call or ds._local is None:
         return None
     return (source._seq_len, source._shift, source._dtype, source._columns,
             source._record_dtype, source._want_segments, source._mask_labels,

@@ -468,6 +468,7 @@ class TokenWindows:
                         and (self._want_inputs or self._want_labels)
                         and not (self._want_doc_ids or self._want_metadata
                                  or self._want_documents))
+        self._one_call = self._direct  # read by many datasets' one call (``ManyWindows``)
         self._direct_schema = {name: self._dense[name] for name in self._columns
                                if name in self._dense}
 
