@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support._peers import check_against, check_each_once, check_same, upload
 
-from zerobatch import FormatError, open_dataset
+from zerobatch import FormatError, Loader, open_dataset
 from zerobatch.peers import PeerDataset
 from zerobatch.peers.datatrove import TOKEN_DTYPES
 
@@ -69,6 +69,12 @@ def test_windows_documents_and_loss_mask(folders, size):
         batch = windows.read([0, 5, 2])
         at = np.array([0, 5, 2])[:, None] * 4 + np.arange(6)
         np.testing.assert_array_equal(batch["loss_mask"], loss[at])
+        # the Loader's collated read keeps the mask (its one-call read had dropped it)
+        for output in ("numpy", "torch"):
+            step = next(iter(Loader(windows, 3, shuffle=False, output=output)))
+            assert list(step) == ["input_ids", "labels", "loss_mask"]
+            first = np.arange(3)[:, None] * 4 + np.arange(6)  # windows 0, 1, 2
+            np.testing.assert_array_equal(np.asarray(step["loss_mask"]), loss[first])
         docs = ds.documents().read([3, 0])
         starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])
         for got, d in zip(docs["loss_mask"], (3, 0), strict=True):

@@ -37,6 +37,7 @@ from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
 from zerobatch.peers._index import PeerIndex
 from zerobatch.peers._lookup import Lookup
+from zerobatch.source import read_indices
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
 from zerobatch.stream._kernels import SHARD
 from zerobatch.stream.manifest import OFFSET_DTYPE, TOKENS, Manifest, Shard
@@ -462,6 +463,12 @@ class _FieldWindows(_PeerWindows):
 
     def _default_columns(self, document_masking: bool) -> tuple[str, ...]:
         return (*super()._default_columns(document_masking), *self._ds._field_sets)
+
+    def read_collated(self, indices: Sequence[int] | np.ndarray,
+                      padding: np.ndarray | None = None, output: str = "numpy") -> dict[str, Any]:
+        """``collate(read(indices))``: the field columns come from :meth:`read`
+        (the inherited one-call read would drop them)."""
+        return self.collate(read_indices(self, np.asarray(indices, np.int64), padding), output)
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Batch:
         batch = super().read(indices)
