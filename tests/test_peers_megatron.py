@@ -278,6 +278,25 @@ def test_mixture_with_document_masking_reads_in_one_call(corpora, name):
                                       np.asarray(own["cu_seqlens"][0]))
 
 
+def test_mixture_of_datasets_too_large_to_derive_whole_reads_each(corpora, monkeypatch):
+    """Past ``WHOLE_DOCUMENTS_MAX`` documents a dataset's offsets are not derived
+    whole (memory per process): the mixture reads it by its own lookups."""
+    from zerobatch import Mixture
+    from zerobatch.peers import _base
+
+    _, prefixes = corpora["u16"]
+    monkeypatch.setattr(_base, "WHOLE_DOCUMENTS_MAX", 10)
+    windows = {str(i): open_dataset(p).windows(8, document_masking=True)
+               for i, p in enumerate(prefixes)}
+    mixture = Mixture(windows, {"0": 1.0, "1": 1.0}, length=50, max_passes=1)
+    batch = mixture.read(np.arange(50))
+    assert mixture._windows() is None
+    sources, index = mixture.locate(np.arange(50))
+    for row, (s, i) in enumerate(zip(sources.tolist(), index.tolist(), strict=True)):
+        np.testing.assert_array_equal(batch["position_ids"][row],
+                                      windows[str(s)].read([i])["position_ids"][0])
+
+
 def test_negative_token_names_the_peer_file(corpora, tmp_path):
     """Found by the fifth fuzz round (an MDS input): a negative token id of a
     peer dataset raised a FormatError naming the native layout's token file

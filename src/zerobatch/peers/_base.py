@@ -433,13 +433,19 @@ class _FieldFiles(PeerFiles):
         return []  # the parent reports its tables
 
 
+# Documents a dataset may have for a mixture's one-call read to derive its
+# offsets whole (8 bytes each, per process: 128 MiB); larger ones look them up.
+WHOLE_DOCUMENTS_MAX = 1 << 24
+
+
 class _PeerWindows(TokenWindows):
     """``TokenWindows`` whose document columns go through the peer index: one
     dataset's local reads of those columns skip the direct kernel, which takes
     every shard's offsets whole (an O(documents) derivation, paid only by a
     mixture's one-call read of many datasets, and only where the format counts
-    its documents in its headers). A scattered format's reads (MDS: its tokens
-    are not one array per file) skip both."""
+    its documents in its headers and has at most ``WHOLE_DOCUMENTS_MAX``). A
+    scattered format's reads (MDS: its tokens are not one array per file) skip
+    both."""
 
     _ds: PeerDataset
 
@@ -449,7 +455,8 @@ class _PeerWindows(TokenWindows):
         if files.scattered:
             self._direct = self._one_call = False
         elif self._want_segments:
-            self._one_call = self._direct and files.counted
+            self._one_call = (self._direct and files.counted
+                              and self._ds.num_documents <= WHOLE_DOCUMENTS_MAX)
             self._direct = False
 
 
