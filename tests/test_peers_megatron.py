@@ -160,6 +160,17 @@ def test_crafted_tables_raise_on_first_document_read(corpora, tmp_path):
         with pytest.raises(FormatError, match="document_indices"):
             ds.documents().read([2])
         assert [p.field for p in ds.verify()] == ["document_indices"]
+        # windows whose lookups never reach the bad entry, until the reader
+        # derives every offset (after LOOKUP_READS reads): the same error
+        from zerobatch.peers._base import LOOKUP_READS
+
+        windows = ds.windows(4, document_masking=True)
+        last = np.array([len(windows) - 1])
+        for _ in range(LOOKUP_READS - 1):
+            windows.read(last)
+        with pytest.raises(FormatError, match="document_indices") as error:
+            windows.read(last)
+        assert error.value.path.endswith(".idx")
     raw = bytearray(original)
     starts = np.frombuffer(original, "<i8", offset=indices_at)
     start = int(starts[np.flatnonzero((starts > 0) & (starts < sequences))[0]])
@@ -221,6 +232,9 @@ def test_remote_reads_fetch_only_the_index_entries_they_need(tmp_path, s3, s3_pr
         for name in ("cu_seqlens", "doc_ids"):
             np.testing.assert_array_equal(a[name].values, b[name].values)
             np.testing.assert_array_equal(a[name].offsets, b[name].offsets)
+        # remote reads never derive the offsets whole (that would fetch the .idx)
+        assert remote.windows(64, document_masking=True)._lookups_left == 0
+        assert local.windows(64, document_masking=True)._lookups_left > 0
         docs = rng.integers(0, local.num_documents, 4)
         for x, y in zip(local.documents().read(docs)["input_ids"],
                         remote.documents().read(docs)["input_ids"], strict=True):
@@ -276,6 +290,33 @@ def test_mixture_with_document_masking_reads_in_one_call(corpora, name):
             np.testing.assert_array_equal(batch[column][row], own[column][0])
         np.testing.assert_array_equal(np.asarray(batch["cu_seqlens"][row]),
                                       np.asarray(own["cu_seqlens"][0]))
+
+
+@pytest.mark.parametrize("name", ["u16", "i32"])
+def test_one_dataset_moves_from_lookups_to_whole_offsets(corpora, name):
+    """The first LOOKUP_READS reads with document columns look offsets up (an
+    O(1) first batch); later ones read by the direct kernel over the whole
+    offsets. Both give the same columns, empty documents included."""
+    from zerobatch.peers._base import LOOKUP_READS
+
+    folder, _ = corpora[name]
+    with open_dataset(folder) as ds, open_dataset(folder) as again:
+        windows = ds.windows(8, document_masking=True)
+        looked_up = again.windows(8, document_masking=True)
+        looked_up._lookups_left = 10**9  # never moves
+        rng = np.random.default_rng(1)
+        for read in range(LOOKUP_READS + 5):
+            assert windows._direct == (read >= LOOKUP_READS)
+            indices = rng.integers(0, len(windows), 12)
+            got, want = windows.read(indices), looked_up.read(indices)
+            for column in want.fields:
+                if column == "cu_seqlens":
+                    for row in range(12):
+                        np.testing.assert_array_equal(np.asarray(got[column][row]),
+                                                      np.asarray(want[column][row]))
+                else:
+                    np.testing.assert_array_equal(got[column], want[column])
+        assert not looked_up._direct
 
 
 def test_mixture_of_datasets_too_large_to_derive_whole_reads_each(corpora, monkeypatch):

@@ -433,37 +433,61 @@ class _FieldFiles(PeerFiles):
         return []  # the parent reports its tables
 
 
-# Documents a dataset may have for a mixture's one-call read to derive its
-# offsets whole (8 bytes each, per process: 128 MiB); larger ones look them up.
+# Documents a dataset may have for its offsets to be derived whole (8 bytes
+# each, per process: 128 MiB); larger ones look them up per batch.
 WHOLE_DOCUMENTS_MAX = 1 << 24
+# Reads of a local dataset's document columns by per-batch lookups before it
+# derives its offsets whole (its first batches cost O(1), then each costs less).
+LOOKUP_READS = 16
 
 
 class _PeerWindows(TokenWindows):
-    """``TokenWindows`` whose document columns go through the peer index: one
-    dataset's local reads of those columns skip the direct kernel, which takes
-    every shard's offsets whole (an O(documents) derivation, paid only by a
-    mixture's one-call read of many datasets, and only where the format counts
-    its documents in its headers and has at most ``WHOLE_DOCUMENTS_MAX``). A
-    scattered format's reads (MDS: its tokens are not one array per file) skip
-    both."""
+    """``TokenWindows`` whose document columns go through the peer index: the
+    first ``LOOKUP_READS`` local reads of those columns look up the offsets
+    their pieces touch; after them (at once in a mixture's one-call read of
+    many datasets) the direct kernel reads them with every shard's offsets
+    whole, an O(documents) derivation made once. Only where the format counts
+    its documents in its headers and has at most ``WHOLE_DOCUMENTS_MAX``;
+    remote reads always look up. A scattered format's reads (MDS: its tokens
+    are not one array per file) take neither kernel."""
 
     _ds: PeerDataset
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         files = self._ds._files
+        self._lookups_left = 0
         if files.scattered:
             self._direct = self._one_call = False
         elif self._want_segments:
-            self._one_call = (self._direct and files.counted
+            self._one_call = (self._direct and files.counted and self._ds._local is not None
                               and self._ds.num_documents <= WHOLE_DOCUMENTS_MAX)
             self._direct = False
+            self._lookups_left = LOOKUP_READS if self._one_call else 0
+
+    def _count_lookup(self) -> None:
+        """After ``LOOKUP_READS`` reads by lookups, the whole offsets."""
+        if self._lookups_left > 0:
+            self._lookups_left -= 1
+            if self._lookups_left == 0:
+                self._ds._docs_tables()  # derived and checked once (FormatError)
+                self._direct = True
+
+    def read(self, indices: Sequence[int] | np.ndarray) -> Batch:
+        # (read_collated reads through read until the direct kernel takes over)
+        self._count_lookup()
+        return super().read(indices)
 
 
 class _FieldWindows(_PeerWindows):
     """``TokenWindows`` plus the dataset's per-token field columns."""
 
     _ds: PeerDataset
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if any(name in self._columns for name in self._ds._field_sets):
+            self._one_call = False  # its read adds the field columns
 
     def _window_columns(self) -> tuple[str, ...]:
         return (*super()._window_columns(), *self._ds._field_sets)

@@ -116,9 +116,7 @@ class ManyWindows:
         for source in sources:
             if source is None:
                 continue
-            # a subclass whose reads add to TokenWindows.read's (a peer's field
-            # columns) reads apart; one that only picks the path (a peer's) joins
-            if not isinstance(source, TokenWindows) or type(source).read is not TokenWindows.read:
+            if not isinstance(source, TokenWindows):
                 return None
             layout = _layout(source)
             if layout is None:

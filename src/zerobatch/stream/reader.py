@@ -468,7 +468,9 @@ class TokenWindows:
                         and (self._want_inputs or self._want_labels)
                         and not (self._want_doc_ids or self._want_metadata
                                  or self._want_documents))
-        self._one_call = self._direct  # read by many datasets' one call (``ManyWindows``)
+        # Read by many datasets' one call (``ManyWindows``); a subclass whose
+        # ``read`` adds columns of its own sets ``_one_call`` False.
+        self._one_call = self._direct
         self._direct_schema = {name: self._dense[name] for name in self._columns
                                if name in self._dense}
 
