@@ -293,7 +293,7 @@ class PeerDataset(Dataset):
     def _docs_tables(self) -> typed.List:
         """Every shard's document offsets whole, derived and checked once
         (``PeerFiles.whole``), empty documents dropped (a repeated offset
-        changes no segment): what a mixture's one-call read takes."""
+        changes no segment): what the direct kernels take (``_PeerWindows``)."""
         found = self._whole_docs
         if found is None:
             with self._lock:

@@ -577,9 +577,8 @@ def _read_planned_segments(
 def read_windows(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
     handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
-    addresses: np.ndarray,
-    sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
-    shift: int, bounds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray,
 ) -> tuple[int, int, int, int, int, int, int]:
     """``plan_windows``, then each window read into ``row`` (``n`` token
     records, reused, so it stays in the L1 cache) and cast into ``inputs`` and
@@ -610,9 +609,8 @@ def read_windows(
 def read_windows_segments(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
     handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
-    addresses: np.ndarray,
-    sizes: np.ndarray, use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
-    shift: int, bounds: np.ndarray, docs: list, out: tuple,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list, out: tuple,
 ) -> tuple[int, int, int, int, int, int, int]:
     """``read_windows`` with each window's document columns, computed while
     the window is in cache (``_row_segments`` into ``out``; ``docs``: every
