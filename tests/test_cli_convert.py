@@ -184,3 +184,62 @@ def test_error_naming_a_path_with_a_newline_is_one_line(
     assert status == 1
     assert err.count("\n") == 1 and err.startswith("zerobatch convert: "), err
     assert "\\n.jsonl" in err
+
+
+@pytest.mark.parametrize("option", ["--metadata\nfield", "--worke\u2028rs", "--x\x85y"])
+def test_a_usage_error_naming_a_line_break_is_one_line(
+    tmp_path: Path, option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the eighth fuzz round: an unknown option holding a line break
+    made argparse's usage error two lines. It is escaped: usage, then one error."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["convert", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out"),
+              "--tokenizer", "bytes", option, "url"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    errors = [line for line in lines if not line.startswith(("usage:", " "))]
+    shown = option.encode("unicode_escape").decode()
+    assert errors == [f"zerobatch: error: unrecognized arguments: {shown} url"], lines
+
+
+def _word_level(path: Path, vocab: dict[str, int]) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+def test_a_tokenizer_that_fails_to_encode_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by the eighth fuzz round: a WordLevel tokenizer without its unknown
+    token loads, then raises a bare ``Exception`` on the first unknown word.
+    The error names the tokenizer and the input file; no dataset is left."""
+    tok = _word_level(tmp_path / "tok.json", {"doc": 0, "</s>": 1})
+    (tmp_path / "in.jsonl").write_text('{"text": "doc doc"}\n{"text": "doc other"}\n')
+    status = main(["convert", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out"),
+                   "--tokenizer", str(tok), "--workers", "1", "--quiet"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(lines) == 1, lines
+    assert lines[0].startswith(f"zerobatch convert: {tok}: field 'tokenizer': the tokenizer "
+                               f"'tok' failed on documents of {tmp_path / 'in.jsonl'} (")
+    assert "Missing [UNK] token" in lines[0] and lines[0].endswith("check or replace it")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_tokenizer_file_changed_between_two_converts_is_read_again(tmp_path: Path) -> None:
+    """The fuzzer's other half of that escape: one process kept the encoder of
+    a tokenizer path, so a file edited between two converts was ignored (the
+    first one's tokens, silently). The encoder is keyed by the file's bytes."""
+    (tmp_path / "in.jsonl").write_text('{"text": "a b"}\n')
+    ids = []
+    for run, vocab in enumerate(({"[UNK]": 0, "a": 1, "b": 2, "</s>": 3},
+                                 {"[UNK]": 0, "a": 5, "b": 4, "</s>": 3, "x": 1, "y": 2})):
+        tok = _word_level(tmp_path / "tok.json", vocab)
+        assert main(["convert", str(tmp_path / "in.jsonl"), "-o", str(tmp_path / f"out{run}"),
+                     "--tokenizer", str(tok), "--workers", "1", "--quiet"]) == 0
+        with open_dataset(tmp_path / f"out{run}") as ds:
+            ids.append(ds.documents().read([0])["input_ids"][0].tolist())
+    assert ids == [[1, 2, 3], [5, 4, 3]]

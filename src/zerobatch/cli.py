@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from zerobatch.errors import FormatError
 
@@ -182,9 +182,26 @@ def _inspect_url(url: str) -> str:
     return stream.describe(url)
 
 
+_LINE_BREAKS = {ord(c): c.encode("unicode_escape").decode()
+                for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}  # str.splitlines'
+
+
+def _one_line(message: str) -> str:
+    """``message`` on one line: a line break in it (an argument's) shown escaped."""
+    return message.translate(_LINE_BREAKS)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line, like every other error
+    of the command (an argument holding a line break is shown escaped)."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(_one_line(message))
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zerobatch", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="zerobatch", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     convert = _command(
         commands, "convert", "tokenize JSONL, Parquet, Arrow or text files into a dataset, or "
@@ -328,8 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except (FormatError, OSError, ValueError, TypeError) as error:
-        message = str(error).replace("\r", "\\r").replace("\n", "\\n")  # one line, always
-        print(f"zerobatch {args.command}: {message}", file=sys.stderr)
+        print(f"zerobatch {args.command}: {_one_line(str(error))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"zerobatch {args.command}: interrupted", file=sys.stderr)

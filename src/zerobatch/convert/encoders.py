@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+import xxhash
 
 from zerobatch.errors import FormatError
 from zerobatch.stream.manifest import Tokenizer
@@ -94,12 +95,15 @@ class HFEncoder:
 
 @dataclass(frozen=True)
 class EncoderSpec:
-    """A picklable recipe for an encoder: ``BYTES``, or a tokenizer JSON file."""
+    """A picklable recipe for an encoder: ``BYTES``, or a tokenizer JSON file
+    (``digest``: of its bytes, so that a process never reuses the encoder of a
+    file that has changed since)."""
 
     kind: str
     path: str | None = None
     name: str | None = None
     eos_id: int | None = None
+    digest: str | None = None
 
     def build(self) -> Encoder:
         """The encoder, built once per process and spec."""
@@ -175,6 +179,7 @@ def resolve_tokenizer(
     else:
         raise TypeError("tokenizer must be 'bytes', a path or a tokenizers.Tokenizer, "
                         f"got {type(tokenizer).__name__}")
-    spec = EncoderSpec("hf", str(Path(path).resolve()), name, _find_eos(loaded, eos, path))
-    _CACHE.setdefault(spec, HFEncoder(loaded, name, spec.eos_id))  # in-process tasks reuse it
+    digest = xxhash.xxh3_64_hexdigest(path.read_bytes())
+    spec = EncoderSpec("hf", str(path.resolve()), name, _find_eos(loaded, eos, path), digest)
+    _CACHE[spec] = HFEncoder(loaded, name, spec.eos_id)  # in-process tasks reuse it
     return spec

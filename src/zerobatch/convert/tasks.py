@@ -25,7 +25,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from zerobatch.convert.encoders import Encoded, EncoderSpec, token_dtype
+from zerobatch.convert.encoders import BYTES, Encoded, EncoderSpec, token_dtype
 from zerobatch.convert.inputs import Record, Task, read_records
 from zerobatch.errors import FormatError
 from zerobatch.stream.writer import StreamWriter
@@ -140,6 +140,12 @@ def _check_storable(metadata: dict[str, Any] | None,
                          "integers must fit in 64 bits") from None
 
 
+def _files(paths: tuple[str, ...]) -> str:
+    """``a.jsonl`` or ``a.jsonl and 3 more files``, for messages."""
+    more = f" and {len(paths) - 1} more files" if len(paths) > 1 else ""
+    return f"{paths[0]}{more}"
+
+
 def _batches(records: Iterator[Record], job: Job, stats: TaskStats) -> Iterator[list[_Doc]]:
     """Documents in batches of at most ``_BATCH_DOCS`` or ``_BATCH_CHARS``;
     bad records raise ``FormatError`` or, with ``skip_bad``, are counted."""
@@ -204,8 +210,14 @@ def run_task(job: Job) -> TaskStats:
                           shard_tokens=job.shard_tokens, tokenizer=facts) as writer:
             records = read_records(job.task, job.text_field, job.storage_options)
             for batch in _batches(records, job, stats):
-                encoded = encoder.encode([doc.text for doc in batch],
-                                         offsets=job.spans_field is not None)
+                try:
+                    encoded = encoder.encode([doc.text for doc in batch],
+                                             offsets=job.spans_field is not None)
+                except Exception as error:  # tokenizers raises bare Exceptions
+                    raise FormatError(
+                        f"the tokenizer {facts.name!r} failed on documents of "
+                        f"{_files(job.task.paths)} ({error}); check or replace it",
+                        path=job.encoder.path or BYTES, field="tokenizer") from None
                 for doc, enc in zip(batch, encoded, strict=True):
                     written = _write(writer, doc, enc, eos)
                     if written:
