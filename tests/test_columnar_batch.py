@@ -111,6 +111,25 @@ def test_to_torch_rebases_offsets_and_handles_views() -> None:
     assert out["f"].tolist() == flipped.tolist()
 
 
+def test_columns_to_torch_views_what_torch_can_hold_and_copies_the_rest() -> None:
+    """The CPU fast path (C-contiguous, writable: a view) and the rest: a
+    strided view is shared, a reversed one or a record's field is copied."""
+    from zerobatch.columnar.batch import columns_to_torch
+
+    base = np.arange(24, dtype=np.int64).reshape(4, 6)
+    records = np.zeros(3, dtype=[("token", "<u2"), ("flag", "u1")])
+    records["token"] = [7, 8, 9]
+    columns = {"plain": base, "strided": base[:, ::2], "flipped": base[:, ::-1],
+               "field": records["token"], "host": 5}
+    out = columns_to_torch(columns)
+    assert out["plain"].data_ptr() == base.ctypes.data
+    assert out["strided"].data_ptr() == base.ctypes.data
+    assert out["flipped"].data_ptr() != base.ctypes.data
+    assert {name: out[name].tolist() for name in ("plain", "strided", "flipped", "field")} == {
+        name: columns[name].tolist() for name in ("plain", "strided", "flipped", "field")}
+    assert out["host"] == 5
+
+
 def test_torch_round_trip_through_nested_input() -> None:
     parts = [torch.arange(n, dtype=torch.int64) for n in (3, 1, 4)]
     nested = torch.nested.as_nested_tensor(parts, layout=torch.jagged)

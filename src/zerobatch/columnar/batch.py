@@ -261,37 +261,25 @@ def columns_to_torch(
     jagged: Literal["nested", "offsets"] = "nested",
 ) -> dict[str, Any]:
     """``Batch.to_torch`` of a name -> column mapping (ndarrays, ``Jagged``,
-    lists); anything else (a host int) is passed through as it is."""
+    lists); anything else (a host int) is passed through as it is. Cost: ~1.5
+    us a C-contiguous writable column on the CPU (a view: nothing is copied)."""
     if jagged not in ("nested", "offsets"):
         raise ValueError(f"jagged must be 'nested' or 'offsets', got {jagged!r}")
     import torch
 
-    def tensor(array: np.ndarray) -> Any:
-        if any(s < 0 or s % array.itemsize for s in array.strides):
-            # torch cannot view negative strides, nor strides that are not whole
-            # items (a token column of records with other fields, dtype="stored")
-            array = np.ascontiguousarray(array)
-        if array.flags.writeable:  # the usual case: no warnings state to touch (~3 us)
-            out = torch.from_numpy(array)
-        else:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore",
-                                        message="The given NumPy array is not writable")
-                out = torch.from_numpy(array)
-        if pin_memory:
-            out = out.pin_memory()
-        if device is not None:
-            out = out.to(device, non_blocking=pin_memory)
-        return out
-
+    moved = pin_memory or device is not None
     result: dict[str, Any] = {}
     for name, column in columns.items():
         if isinstance(column, np.ndarray):
-            result[name] = tensor(column)
+            flags = column.flags
+            if moved or not (flags.c_contiguous and flags.writeable):
+                result[name] = _tensor(torch, column, pin_memory, device)
+            else:  # the Loader's columns: a view of its arena, nothing to check
+                result[name] = torch.from_numpy(column)
         elif isinstance(column, Jagged):
             compact = column.compact()
-            values = tensor(np.ascontiguousarray(compact.values))
-            offsets = tensor(compact.offsets)
+            values = _tensor(torch, np.ascontiguousarray(compact.values), pin_memory, device)
+            offsets = _tensor(torch, compact.offsets, pin_memory, device)
             if jagged == "offsets":
                 result[name] = (values, offsets)
             else:
@@ -300,3 +288,22 @@ def columns_to_torch(
         else:
             result[name] = column
     return result
+
+
+def _tensor(torch: Any, array: np.ndarray, pin_memory: bool, device: Any) -> Any:
+    """``array`` as a tensor (a view where torch can hold one), pinned, on ``device``."""
+    if any(s < 0 or s % array.itemsize for s in array.strides):
+        # torch cannot view negative strides, nor strides that are not whole
+        # items (a token column of records with other fields, dtype="stored")
+        array = np.ascontiguousarray(array)
+    if array.flags.writeable:  # the usual case: no warnings state to touch (~3 us)
+        out = torch.from_numpy(array)
+    else:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            out = torch.from_numpy(array)
+    if pin_memory:
+        out = out.pin_memory()
+    if device is not None:
+        out = out.to(device, non_blocking=pin_memory)
+    return out
