@@ -73,7 +73,7 @@ from zerobatch.plan import epoch_seed
 from zerobatch.shuffle import DEFAULT_ROUNDS, MAX_LENGTH, Feistel, _splitmix64
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "MAX_BLOCK_SIZE", "MixtureOrder", "Stage", "pass_order",
-           "source_key"]
+           "source_key", "source_keys"]
 
 DEFAULT_BLOCK_SIZE = 1024
 """Positions per block. A block is the span over which every source's count is
@@ -102,9 +102,35 @@ class Stage:
 def source_key(seed: int, name: str) -> int:
     """The 64-bit key of source ``name``'s orders: the mixture seed mixed with a
     BLAKE2b hash of the name (stable across processes and machines)."""
-    digest = int.from_bytes(hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest(),
-                            "little")
-    return _splitmix64(_splitmix64((seed & _MASK64) ^ _SOURCE_DOMAIN) ^ digest)
+    return int(source_keys(seed, [name])[0])
+
+
+def source_keys(seed: int, names: Sequence[str]) -> npt.NDArray[np.uint64]:
+    """:func:`source_key` of each of ``names`` at once (~1 us a name: the hash;
+    the mixing is vectorized)."""
+    digests = np.frombuffer(b"".join(
+        hashlib.blake2b(name.encode("utf-8"), digest_size=8).digest() for name in names),
+        dtype="<u8").astype(np.uint64)
+    return _splitmix64_array(np.uint64(_splitmix64((seed & _MASK64) ^ _SOURCE_DOMAIN))
+                             ^ digests)
+
+
+def _splitmix64_array(z: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """``shuffle._splitmix64`` of each value (uint64 arithmetic wraps mod 2**64)."""
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+_POWERS = np.int64(1) << np.arange(63, dtype=np.int64)  # 2**0 .. 2**62
+
+
+def _halves(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Per source of ``lengths`` observations, the bits of half of its Feistel
+    domain: ``(max(2, (n - 1).bit_length()) + 1) // 2`` (``bit_length`` exact:
+    the powers of two at most ``n - 1``)."""
+    bits = np.searchsorted(_POWERS, lengths - 1, side="right")
+    return ((np.maximum(2, bits) + 1) // 2).astype(np.int64)
 
 
 @functools.lru_cache(maxsize=4096)  # one per (source, pass) in use: a step touches each once
@@ -263,9 +289,9 @@ class MixtureOrder:
         if not self.stages or self.stages[0].start != 0:
             raise ValueError("the first stage must start at position 0")
         index = {name: i for i, name in enumerate(self.names)}
-        self.keys = [source_key(self.seed, name) for name in self.names]
-        self._halves = np.array([(max(2, (int(n) - 1).bit_length()) + 1) // 2
-                                 for n in self.lengths.tolist()], dtype=np.int64)
+        self._keys = source_keys(self.seed, self.names)
+        self.keys = self._keys.tolist()
+        self._halves = _halves(self.lengths)
         self._stages: list[_StageOrder] = []
         base = np.zeros(len(self.names), dtype=np.int64)
         described = self.table()
@@ -372,7 +398,7 @@ class MixtureOrder:
         table = np.empty((len(self.names), 4), dtype=np.int64)
         table[:, k.LENGTH] = self.lengths
         table[:, k.HALF] = self._halves
-        table[:, k.KEY] = np.array(self.keys, dtype=np.uint64).view(np.int64)
+        table[:, k.KEY] = self._keys.view(np.int64)
         table[:, k.LIMIT] = np.iinfo(np.int64).max if limits is None else limits
         return table
 

@@ -334,6 +334,9 @@ class _Files:
         return files
 
 
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+
+
 def _map(descriptor: int) -> np.ndarray:
     """The whole file read-only, as uint8 (an empty array for an empty file)."""
     if os.fstat(descriptor).st_size == 0:
@@ -363,6 +366,7 @@ class LocalStorage:
 
     def __init__(self, root: str | os.PathLike[str], *, method: Method = "auto") -> None:
         self._root = Path(root)
+        self._prefix = os.path.join(self._root, "")  # open() joins names to it: no Path a file
         self._requested = method
         self._method = resolve_method(method, self._root)
         self._handles: dict[str, int] = {}
@@ -398,7 +402,7 @@ class LocalStorage:
         with self._lock:
             handle = self._handles.get(name)
             if handle is None:
-                descriptor = os.open(self._root / name, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                descriptor = os.open(self._prefix + name, _OPEN_FLAGS)
                 try:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)

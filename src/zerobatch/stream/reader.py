@@ -208,7 +208,7 @@ class Dataset:
         with self._lock:
             if self._closed:
                 raise ValueError(f"{self._path} is closed")
-            for s in np.unique(shards).tolist():
+            for s in dict.fromkeys(shards.tolist()):  # distinct (np.unique: ~5 us more)
                 if table[s] < 0:
                     table[s] = self._storage.open(self._token_file(s))
         return table
