@@ -75,6 +75,12 @@ def test_windows_documents_and_loss_mask(folders, size):
             assert list(step) == ["input_ids", "labels", "loss_mask"]
             first = np.arange(3)[:, None] * 4 + np.arange(6)  # windows 0, 1, 2
             np.testing.assert_array_equal(np.asarray(step["loss_mask"]), loss[first])
+        # without the mask asked for: the direct read, the same tokens
+        plain = ds.windows(6, stride=4, columns=("input_ids", "labels"))
+        step = next(iter(Loader(plain, 3, shuffle=False, output="numpy")))
+        assert list(step) == ["input_ids", "labels"]
+        np.testing.assert_array_equal(step["input_ids"], tokens[first])
+        np.testing.assert_array_equal(step["labels"], tokens[first + 1])
         docs = ds.documents().read([3, 0])
         starts = np.concatenate([[0], np.cumsum([len(d) for d in documents])])
         for got, d in zip(docs["loss_mask"], (3, 0), strict=True):

@@ -486,7 +486,8 @@ class _FieldWindows(_PeerWindows):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if any(name in self._columns for name in self._ds._field_sets):
+        self._field_columns = [name for name in self._ds._field_sets if name in self._columns]
+        if self._field_columns:
             self._one_call = False  # its read adds the field columns
 
     def _window_columns(self) -> tuple[str, ...]:
@@ -497,17 +498,18 @@ class _FieldWindows(_PeerWindows):
 
     def read_collated(self, indices: Sequence[int] | np.ndarray,
                       padding: np.ndarray | None = None, output: str = "numpy") -> dict[str, Any]:
-        """``collate(read(indices))``: the field columns come from :meth:`read`
-        (the inherited one-call read would drop them)."""
+        """``collate(read(indices))`` when field columns are asked for: they
+        come from :meth:`read` (the inherited direct read would drop them)."""
+        if not self._field_columns:
+            return super().read_collated(indices, padding, output)
         return self.collate(read_indices(self, np.asarray(indices, np.int64), padding), output)
 
     def read(self, indices: Sequence[int] | np.ndarray) -> Batch:
         batch = super().read(indices)
-        wanted = [name for name in self._ds._field_sets if name in self._columns]
-        if not wanted:
+        if not self._field_columns:
             return batch
         columns = dict(batch.to_numpy())
-        for name in wanted:
+        for name in self._field_columns:
             field = self._ds._field_sets[name].windows(
                 self._seq_len, stride=self._stride, labels=bool(self._shift), dtype="stored",
                 columns=["input_ids"])
