@@ -9,7 +9,10 @@ itself, for in-memory readers). Register another with ``register``; a read
 function turns its surface's contract into these outcomes (raise
 ``FormatError`` for an expected refusal, anything else is an escape).
 
-Surfaces: the readers (``stream``, ``stream-s3``, ``llmbatch`` (with its
+Surfaces: the readers (``stream``, ``stream-s3``, ``stream-ranged`` (the
+reader object storage gets, its ``RangedIndex`` walking offset and metadata
+files by block, over local files: ``stream-s3`` without the server's cost per
+input), ``llmbatch`` (with its
 ``verify``: a read failing where it passed is a false pass), ``frames``,
 ``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``, ``npy-dtypes`` (with
 ``verify_npy`` for each output dtype)
@@ -199,14 +202,16 @@ def _read_stream(folder: Path, files: Files) -> None:
 
 
 def _read_stream_at(
-    location: Path | str, files: Files, options: dict[str, Any] | None = None
+    location: Path | str, files: Files, options: dict[str, Any] | None = None,
+    storage: Any = None,
 ) -> None:
     from zerobatch import stream
 
     manifest = files.get("manifest.json", b"")
     metadata = "numpy" if b'"numpy"' in manifest else None
     try:
-        with stream.open_dataset(location, metadata=metadata, storage_options=options) as ds:
+        with stream.open_dataset(location, metadata=metadata, storage_options=options,
+                                 storage=storage) as ds:
             windows = ds.windows(4)
             for batch in (windows.read(np.arange(len(windows))),
                           ds.documents().read(np.arange(ds.num_documents))):
@@ -219,6 +224,50 @@ def _read_stream_at(
             raise FalsePass(str(error)) from error
         raise
     stream.verify(location, metadata=metadata, storage_options=options)
+
+
+class _RangedFiles:
+    """Local files read the way object storage reads them: not a
+    ``LocalStorage`` (so a dataset takes its remote path), with a
+    ``BlockCache`` (so its index is the ``RangedIndex`` that walks the offset
+    and metadata files by block, as over ``s3://``). The format parsing of
+    ``stream-s3`` without a server: what one input costs is its reads."""
+
+    def __init__(self, folder: Path) -> None:
+        from zerobatch.storage import LocalStorage
+        from zerobatch.storage.blocks import BlockCache
+
+        self._files = LocalStorage(folder, method="pread")
+        self._folder = folder
+        self.blocks = BlockCache(self, block_size=64)  # small blocks: many block edges
+
+    def url_of(self, name: str) -> str:
+        return str(self._folder / name)
+
+    def version(self, name: str) -> str:
+        return f"{self.url_of(name)}\0{self.size(name)}"
+
+    def size(self, name: str) -> int:
+        return self._files.size(name)
+
+    def open(self, name: str) -> int:
+        return self._files.open(name)
+
+    def read_into(self, *args: Any) -> int:
+        return self._files.read_into(*args)
+
+    def readinto(self, handle: int, offset: int, buffer: Any) -> int:
+        return self._files.readinto(handle, offset, buffer)
+
+    def map(self, name: str) -> Any:
+        return self._files.map(name)  # object storage: the whole object by one GET
+
+    def close(self) -> None:
+        self._files.close()
+
+
+def _read_stream_ranged(folder: Path, files: Files) -> None:
+    _read_stream_at(folder, files, storage=_RangedFiles(folder))
 
 
 S3_ENV = "ZEROBATCH_FUZZ_S3"
@@ -433,6 +482,7 @@ for _target in (
     Target("stream", _stream_seeds, _read_stream, warm=_stream_warm),
     Target("stream-s3", _stream_seeds, _read_stream_s3, on_disk=False, warm=_stream_warm,
            remote=_read_stream),
+    Target("stream-ranged", _stream_seeds, _read_stream_ranged, warm=_stream_warm),
     Target("llmbatch", _batch_seeds, _read_batch),
     Target("frames", _frame_seeds, _read_frames, on_disk=False),
     Target("batchmeta", _meta_seeds, _read_meta, on_disk=False),
