@@ -263,20 +263,14 @@ def convert_chat(
     """
     from tokenizers import Tokenizer
 
-    from zerobatch.convert.encoders import _tokenizer_file
+    from zerobatch.convert.encoders import load_tokenizer
     from zerobatch.stream import StreamWriter
     from zerobatch.stream.writer import DEFAULT_SHARD_TOKENS
 
     if isinstance(tokenizer, Tokenizer):
         tok, name = tokenizer, "tokenizer"
     else:
-        file = _tokenizer_file(tokenizer)
-        try:
-            tok = Tokenizer.from_file(str(file))
-        except Exception as error:
-            raise FormatError(f"cannot read the tokenizer ({error})", path=file,
-                              field="tokenizer") from None
-        name = Path(tokenizer).name if Path(tokenizer).is_dir() else file.stem
+        tok, _, name, _ = load_tokenizer(tokenizer)
     compiled = ChatTemplate(load_template(template))
     paths = [Path(inputs)] if isinstance(inputs, (str, os.PathLike)) else [Path(p) for p in inputs]
     vocab = tok.get_vocab_size(with_added_tokens=True)

@@ -26,6 +26,7 @@ __all__ = [
     "Encoder",
     "EncoderSpec",
     "HFEncoder",
+    "load_tokenizer",
     "resolve_tokenizer",
     "token_dtype",
 ]
@@ -135,6 +136,22 @@ def _tokenizer_file(spec: str | os.PathLike[str]) -> Path:
     return path
 
 
+def load_tokenizer(spec: str | os.PathLike[str]) -> tuple[Any, Path, str, bytes]:
+    """(the ``tokenizers.Tokenizer``, its file, its name, the file's bytes) of
+    a tokenizers JSON file or a folder holding ``tokenizer.json``, the file
+    read once; ``FormatError`` naming it when it cannot be read."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = _tokenizer_file(spec)
+    raw = path.read_bytes()
+    try:
+        loaded = HFTokenizer.from_buffer(raw)
+    except Exception as error:  # tokenizers raises bare Exceptions
+        raise FormatError(f"cannot read the tokenizer ({error})", path=path,
+                          field="tokenizer") from None
+    return loaded, path, Path(spec).name if Path(spec).is_dir() else path.stem, raw
+
+
 def _find_eos(tokenizer: Any, eos: int | str | None, path: Path) -> int | None:
     if isinstance(eos, int):
         return eos
@@ -165,21 +182,15 @@ def resolve_tokenizer(
     from tokenizers import Tokenizer as HFTokenizer
 
     if isinstance(tokenizer, HFTokenizer):
-        path, name = work / "tokenizer.json", "tokenizer"
-        tokenizer.save(str(path))
-        loaded = tokenizer
+        path, name, loaded = work / "tokenizer.json", "tokenizer", tokenizer
+        raw = tokenizer.to_str().encode("utf-8")
+        path.write_bytes(raw)
     elif isinstance(tokenizer, (str, os.PathLike)):
-        path = _tokenizer_file(tokenizer)
-        name = Path(tokenizer).name if Path(tokenizer).is_dir() else path.stem
-        try:
-            loaded = HFTokenizer.from_file(str(path))
-        except Exception as error:
-            raise FormatError(f"cannot read the tokenizer ({error})", path=path,
-                              field="tokenizer") from None
+        loaded, path, name, raw = load_tokenizer(tokenizer)
     else:
         raise TypeError("tokenizer must be 'bytes', a path or a tokenizers.Tokenizer, "
                         f"got {type(tokenizer).__name__}")
-    digest = xxhash.xxh3_64_hexdigest(path.read_bytes())
+    digest = xxhash.xxh3_64_hexdigest(raw)
     spec = EncoderSpec("hf", str(path.resolve()), name, _find_eos(loaded, eos, path), digest)
     _CACHE[spec] = HFEncoder(loaded, name, spec.eos_id)  # in-process tasks reuse it
     return spec
