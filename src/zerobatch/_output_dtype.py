@@ -27,11 +27,18 @@ STORED = "stored"
 CASTS = ("int64", "int32")
 """The dtypes token outputs can be cast to."""
 
+_CAST_DTYPES = {name: np.dtype(name) for name in CASTS}
+
 
 def output_dtype(value: Any, *, argument: str = "dtype",
                  allowed: tuple[str, ...] = (*CASTS, STORED)) -> np.dtype | None:
     """The NumPy dtype ``value`` names, or None for ``"stored"``; ValueError
     naming ``argument`` unless it is one of ``allowed``."""
+    if type(value) is str and value in allowed:  # the usual spellings: no dtype parse
+        if value == STORED:
+            return None
+        if value in _CAST_DTYPES:
+            return _CAST_DTYPES[value]
     name = _name(value)
     if name is None or name not in allowed:
         choices = ", ".join(repr(choice) for choice in allowed)

@@ -33,6 +33,8 @@ def is_url(location: str | os.PathLike[str]) -> bool:
 def local_path(location: str | os.PathLike[str]) -> Path:
     """The local path of a path or ``file://`` URL; ``ValueError`` for any other
     URL, ``TypeError`` for what is neither a str nor a path."""
+    if isinstance(location, Path):  # already one: paths are immutable, no parse
+        return location
     if not isinstance(location, (str, os.PathLike)):
         hint = (" (to read through a storage, pass the folder as the path and the "
                 "storage as storage=)" if hasattr(location, "read_into") else "")

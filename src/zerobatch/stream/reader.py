@@ -16,6 +16,7 @@ All three are immutable and thread-safe: any number of threads may call
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping, Sequence
 from itertools import compress
@@ -495,18 +496,10 @@ class TokenWindows:
     def _dense_schema(self) -> dict[str, FieldSchema]:
         """The schema of every column but the jagged ones, inferred as
         ``Batch.from_columns`` would (it is the same for every batch)."""
-        manifest, shape = self._ds.manifest, (0, self._seq_len)
+        manifest = self._ds.manifest
         tokens = manifest.token_dtype if self._dtype is None else self._dtype
-        arrays = {"input_ids": np.empty(shape, tokens)}
-        if self._labels:
-            arrays["labels"] = arrays["input_ids"]
-        arrays["position_ids"] = np.empty(shape, _INT32)
-        arrays["max_seqlen"] = np.empty(0, np.int32)
-        arrays["seq_idx"] = np.empty(shape, np.int32)
-        fields: Mapping[str, Any] = manifest.record_dtype.fields or {}
-        for name in manifest.fields:
-            arrays[name] = np.empty(shape, fields[name][0])
-        return {name: normalize_column(name, array)[1] for name, array in arrays.items()}
+        return _dense_schema(tokens, self._labels, self._seq_len, manifest.record_dtype,
+                             tuple(manifest.fields))
 
     def __len__(self) -> int:
         return self._len
@@ -997,6 +990,24 @@ class Documents:
         return Batch.from_columns(columns, BatchMeta(idx, production_status=np.ones(len(idx))))
 
 
+@functools.lru_cache(maxsize=256)  # many sources of one kind (a mixture) infer it once
+def _dense_schema(tokens: np.dtype, labels: bool, seq_len: int, record_dtype: np.dtype,
+                  fields: tuple[str, ...]) -> dict[str, FieldSchema]:
+    """``TokenWindows._dense_schema`` for these token and record dtypes (the
+    result is shared: never mutate it)."""
+    shape = (0, seq_len)
+    arrays = {"input_ids": np.empty(shape, tokens)}
+    if labels:
+        arrays["labels"] = arrays["input_ids"]
+    arrays["position_ids"] = np.empty(shape, _INT32)
+    arrays["max_seqlen"] = np.empty(0, np.int32)
+    arrays["seq_idx"] = np.empty(shape, np.int32)
+    named: Mapping[str, Any] = record_dtype.fields or {}
+    for name in fields:
+        arrays[name] = np.empty(shape, named[name][0])
+    return {name: normalize_column(name, array)[1] for name, array in arrays.items()}
+
+
 def open_dataset(
     path: str | os.PathLike[str], format: str | None = None, *, metadata: Any = None,
     storage: Storage | None = None, storage_options: Mapping[str, Any] | None = None,
@@ -1021,10 +1032,14 @@ def open_dataset(
     if format is not None and format != FORMAT:
         return _open_peer(path, format, storage, storage_options, format_options)
     folder: str | Path = str(path) if is_url(path) else local_path(path)
-    if storage is None and isinstance(folder, Path) and is_npy_folder(folder):
+    # A local folder with a manifest is ours (one stat); without one it may be
+    # an .npy folder or a peer's files.
+    native = (storage is None and isinstance(folder, Path)
+              and os.path.isfile(os.path.join(folder, MANIFEST)))
+    if storage is None and not native and isinstance(folder, Path) and is_npy_folder(folder):
         return open_npy(folder)
-    if storage is None and format is None and _PEERS and not _has_manifest(folder,
-                                                                          storage_options):
+    if (storage is None and not native and format is None and _PEERS
+            and not _has_manifest(folder, storage_options)):
         found = _PEERS[0].detect_path(path, storage_options)
         if found is not None:
             return _open_peer(path, found, storage, storage_options, format_options)
