@@ -243,3 +243,26 @@ def test_a_tokenizer_file_changed_between_two_converts_is_read_again(tmp_path: P
         with open_dataset(tmp_path / f"out{run}") as ds:
             ids.append(ds.documents().read([0])["input_ids"][0].tolist())
     assert ids == [[1, 2, 3], [5, 4, 3]]
+
+
+def test_a_worker_refuses_a_tokenizer_file_changed_after_the_convert_began(
+        tmp_path: Path) -> None:
+    """A convert's workers (other processes: Dask, a pool) load the tokenizer
+    from its path. One edited after the job began would have given its shards
+    another tokenizer's ids; the worker compares the file with the digest the
+    job recorded and raises, naming the file."""
+    from zerobatch import FormatError
+    from zerobatch.convert import encoders
+
+    tok = _word_level(tmp_path / "tok.json", {"[UNK]": 0, "a": 1, "</s>": 2})
+    spec = encoders.resolve_tokenizer(str(tok), tmp_path)
+    encoders._CACHE.clear()  # as in a fresh worker process
+    assert spec.build().encode(["a a"])[0].ids.tolist() == [1, 1]
+    encoders._CACHE.clear()
+    _word_level(tok, {"[UNK]": 0, "a": 7, "</s>": 2})
+    with pytest.raises(FormatError, match="changed while the convert ran") as raised:
+        spec.build()
+    assert str(tok) in str(raised.value) and "tokenizer" in str(raised.value)
+    tok.unlink()
+    with pytest.raises(FormatError, match="moved or deleted"):
+        spec.build()

@@ -107,7 +107,10 @@ class EncoderSpec:
     digest: str | None = None
 
     def build(self) -> Encoder:
-        """The encoder, built once per process and spec."""
+        """The encoder, built once per process and spec. ``FormatError`` naming
+        the file when it no longer holds the bytes of ``digest`` (edited or
+        replaced after the convert began: its workers would otherwise mix two
+        tokenizers' ids in one dataset)."""
         encoder = _CACHE.get(self)
         if encoder is None:
             if self.kind == BYTES:
@@ -116,9 +119,26 @@ class EncoderSpec:
                 from tokenizers import Tokenizer as HFTokenizer
 
                 assert self.path is not None and self.name is not None
-                encoder = HFEncoder(HFTokenizer.from_file(self.path), self.name, self.eos_id)
+                raw = self._tokenizer_bytes()
+                encoder = HFEncoder(HFTokenizer.from_buffer(raw), self.name, self.eos_id)
             _CACHE[self] = encoder
         return encoder
+
+    def _tokenizer_bytes(self) -> bytes:
+        """The tokenizer file's bytes, checked against ``digest``."""
+        assert self.path is not None
+        try:
+            raw = Path(self.path).read_bytes()
+        except OSError as error:
+            raise FormatError(f"the tokenizer file cannot be read any more ({error.strerror}); "
+                              "it was moved or deleted while the convert ran",
+                              path=self.path, field="tokenizer") from None
+        if self.digest is not None and xxhash.xxh3_64_hexdigest(raw) != self.digest:
+            raise FormatError("the tokenizer file changed while the convert ran (its bytes "
+                              "differ from those the convert began with); leave it unchanged "
+                              "until the convert ends, then convert again",
+                              path=self.path, field="tokenizer")
+        return raw
 
 
 def token_dtype(vocab_size: int) -> str:
