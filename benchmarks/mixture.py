@@ -11,6 +11,9 @@
    process; the Numba kernels' load from their cache (once a process) is
    done before the clock starts and printed apart; peak memory is
    tracemalloc's (NumPy's buffers included) less the first batch's arrays.
+   The datasets' files are read into the page cache before each run, and
+   Python's full garbage collections inside the timed window are printed
+   apart (one costs ~100 ms once Numba is loaded, whoever triggers it).
 2. Throughput (``--only throughput``, the >= 0.9 target): a Loader over a
    mixture of 100 token-stream datasets against a Loader over one dataset
    holding the same tokens (``--format``: written by zerobatch or by a peer's
@@ -83,6 +86,10 @@ next(iter(Loader(Mixture(warm, {"a": 1.0, "b": 1.0}, length=64), 8, output="nump
 kernels = time.perf_counter() - begin
 if memory:
     tracemalloc.start()
+import gc
+collections = []  # (generation, seconds) of each garbage collection from here on
+gc.callbacks.append(lambda phase, info: collections.append(
+    (info["generation"], time.perf_counter() * (1 if phase == "stop" else -1))))
 start, start_cpu = time.perf_counter(), time.process_time()
 if kind == "windows":  # real datasets: open each folder (manifest, file sizes)
     sources = {n: open_dataset(os.path.join(root, f"d{i}")).windows(2048)
@@ -91,13 +98,18 @@ else:
     lengths = (size * weights / weights.sum()).astype(np.int64) + 1
     sources = {n: Source(int(k)) for n, k in zip(names, lengths)}
 opened, opened_cpu = time.perf_counter(), time.process_time()
+collected = len(collections)
 if memory:  # the sources' own memory (2,000 opened datasets: ~10 KiB each) apart
     sources_bytes = tracemalloc.get_traced_memory()[0]
     tracemalloc.reset_peak()
 mixture = Mixture(sources, dict(zip(names, weights.tolist())), length=size, seed=1)
 batch = next(iter(Loader(mixture, 512, output="numpy", num_threads=0)))
 end, end_cpu = time.perf_counter(), time.process_time()
-print(json.dumps({"open": opened - start, "open_cpu": opened_cpu - start_cpu,
+# Python's full collections (generation 2) in the window: they scan every object
+# of the process (~120,000 with NumPy and Numba loaded: ~80-110 ms here), and the
+# objects the opening made (~27 a dataset) make one due; reported apart.
+full = sum(t for g, t in collections[collected:] if g == 2)
+print(json.dumps({"open": opened - start, "open_cpu": opened_cpu - start_cpu, "gc": full,
                   "seconds": end - opened, "cpu": end_cpu - opened_cpu,
                   "peak": tracemalloc.get_traced_memory()[1] - sources_bytes if memory else 0,
                   "sources_bytes": sources_bytes if memory else 0,
@@ -149,6 +161,14 @@ def _datasets(root: Path, count: int) -> None:
             shutil.copytree(first, root / f"d{i}")
 
 
+def _warm(root: Path) -> None:
+    """Read every file under ``root`` into the page cache (the machine's memory
+    reclaim evicts files idle for minutes; the target is start-up, not the disk)."""
+    for path in root.rglob("*"):
+        if path.is_file():
+            path.read_bytes()
+
+
 def startup(megatron_max: int, sizes: list[int], counts: list[int],
             kinds: tuple[str, ...] = ("windows", "noop"), megatron: bool = True) -> None:
     """Start-up to the first batch of 512 (``Loader(num_threads=0)``: nothing
@@ -161,8 +181,10 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
     print("## 1. start-up to the first batch of 512 (fresh process each; ms wall / CPU)")
     print("   windows: real local datasets (open = open_dataset of each, apart); noop: a "
           "user's source holding no data (one read per source present)")
+    print("   zerobatch ms: from the opened sources to the first batch (the target), of which "
+          "gc: Python's full garbage collections in it; files in the page cache")
     print(f"{'samples':>14} {'sources':>8} {'kind':>8} | {'open ms':>8} | {'zerobatch ms':>12} "
-          f"{'CPU ms':>7} {'MiB':>6} | {'megatron ms':>11} {'MB':>7} | {'x':>6} | "
+          f"{'CPU ms':>7} {'gc ms':>6} {'MiB':>6} | {'megatron ms':>11} {'MB':>7} | {'x':>6} | "
           "kernels ms, import ms (once a process)")
     measured: dict[int, tuple[int, float]] = {}  # sources -> (samples, seconds) largest run
     with tempfile.TemporaryDirectory() as tmp:
@@ -182,12 +204,15 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
                     theirs = {"seconds": base_seconds * size / base_size, "peak": 10 * size}
                     note = " (megatron extrapolated)"
                 for kind in kinds:
+                    if kind == "windows":
+                        _warm(root)
                     ours = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "time")
                     memory = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "memory")
                     peak = memory["peak"] - memory["batch"]  # the mixture's, not the tokens
                     opened = memory["sources_bytes"] / 2**20
                     print(f"{size:>14,} {count:>8,} {kind:>8} | {ours['open'] * 1e3:>8.1f} | "
                           f"{ours['seconds'] * 1e3:>12.1f} {ours['cpu'] * 1e3:>7.1f} "
+                          f"{ours['gc'] * 1e3:>6.1f} "
                           f"{peak / 2**20:>6.2f} | {theirs['seconds'] * 1e3:>11.0f} "
                           f"{theirs['peak'] / 2**20:>7.0f} | "
                           f"{theirs['seconds'] / ours['seconds']:>6.0f} | "

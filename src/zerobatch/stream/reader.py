@@ -30,6 +30,7 @@ from numba import typed
 from zerobatch import _forksafe
 from zerobatch._output_dtype import id_bounds, output_dtype, token_error
 from zerobatch.columnar import Batch, BatchMeta, FieldSchema, Jagged
+from zerobatch.columnar.batch import columns_to_torch
 from zerobatch.columnar.schema import normalize_column
 from zerobatch.errors import FormatError
 from zerobatch.source import read_indices
@@ -552,8 +553,6 @@ class TokenWindows:
         columns = row_columns(batch.to_numpy())
         if output != "torch":
             return columns
-        from zerobatch.columnar.batch import columns_to_torch
-
         return Columns(columns_to_torch(columns, jagged="offsets"))
 
     def read(self, indices: Sequence[int] | npt.NDArray[np.integer]) -> Batch:
@@ -660,8 +659,6 @@ class TokenWindows:
             columns["padding"] = padding
         if output != "torch":
             return Columns(columns)
-        from zerobatch.columnar.batch import columns_to_torch
-
         return Columns(columns_to_torch(columns, jagged="offsets"))
 
     def _read_direct(self, local: LocalStorage, idx: npt.NDArray[np.int64]) -> Batch:
