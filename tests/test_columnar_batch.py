@@ -119,9 +119,16 @@ def test_columns_to_torch_views_what_torch_can_hold_and_copies_the_rest() -> Non
     base = np.arange(24, dtype=np.int64).reshape(4, 6)
     records = np.zeros(3, dtype=[("token", "<u2"), ("flag", "u1")])
     records["token"] = [7, 8, 9]
+    # A window of one token of records (dtype="stored", seq_len=1): NumPy calls
+    # it C-contiguous, its strides are 3-byte records; the hypothesis test of
+    # read_collated found it.
+    one = records["token"][:2].reshape(1, 2)[:, :1]
+    assert one.flags.c_contiguous and one.strides[1] == 3
     columns = {"plain": base, "strided": base[:, ::2], "flipped": base[:, ::-1],
-               "field": records["token"], "host": 5}
+               "field": records["token"], "one": one, "host": 5}
     out = columns_to_torch(columns)
+    assert out["one"].tolist() == [[7]]
+    assert columns_to_torch({"one": one}, pin_memory=False, device="cpu")["one"].tolist() == [[7]]
     assert out["plain"].data_ptr() == base.ctypes.data
     assert out["strided"].data_ptr() == base.ctypes.data
     assert out["flipped"].data_ptr() != base.ctypes.data

@@ -275,7 +275,10 @@ def columns_to_torch(
             if moved or not (flags.c_contiguous and flags.writeable):
                 result[name] = _tensor(torch, column, pin_memory, device)
             else:  # the Loader's columns: a view of its arena, nothing to check
-                result[name] = torch.from_numpy(column)
+                try:
+                    result[name] = torch.from_numpy(column)
+                except ValueError:  # "contiguous" with odd strides (a dimension of 1)
+                    result[name] = _tensor(torch, column, pin_memory, device)
         elif isinstance(column, Jagged):
             compact = column.compact()
             values = _tensor(torch, np.ascontiguousarray(compact.values), pin_memory, device)
@@ -294,8 +297,10 @@ def _tensor(torch: Any, array: np.ndarray, pin_memory: bool, device: Any) -> Any
     """``array`` as a tensor (a view where torch can hold one), pinned, on ``device``."""
     if any(s < 0 or s % array.itemsize for s in array.strides):
         # torch cannot view negative strides, nor strides that are not whole
-        # items (a token column of records with other fields, dtype="stored")
-        array = np.ascontiguousarray(array)
+        # items (a token column of records with other fields, dtype="stored");
+        # a copy, as NumPy calls an array with a dimension of 1 contiguous
+        # whatever its strides (np.ascontiguousarray would return it as it is)
+        array = array.copy()
     if array.flags.writeable:  # the usual case: no warnings state to touch (~3 us)
         out = torch.from_numpy(array)
     else:
