@@ -147,6 +147,83 @@ def test_small_files_are_read_without_a_mapping(tmp_path: Path,
                              np.array([0])) == 0  # past the end: short, as with a mapping
 
 
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts /proc/self/fd")
+def test_a_mapped_file_keeps_no_descriptor_of_ours(tmp_path: Path) -> None:
+    """A mapping holds its file: the descriptor it was made from is closed
+    (only Python's own copy, before 3.13, stays), so a mixture of thousands of
+    datasets is not bounded by RLIMIT_NOFILE; readinto reads the mapping."""
+    data = bytes((i * 7) % 256 for i in range(MAP_FROM + 100))
+    for i in range(8):
+        (tmp_path / f"big{i}").write_bytes(data)
+    storage = LocalStorage(tmp_path, method="mmap")
+    before = _open_descriptors()
+    handles = [storage.open(f"big{i}") for i in range(8)]
+    kept = 0 if sys.version_info >= (3, 13) else 1  # Python's mmap duplicates it before 3.13
+    assert _open_descriptors() - before == 8 * kept
+    files, _ = storage.files()
+    assert all(files.fds[h] == -1 and files.maps[h] is not None for h in handles)
+    buffer = bytearray(16)
+    assert storage.readinto(handles[3], MAP_FROM + 90, buffer) == 10
+    assert bytes(buffer[:10]) == data[MAP_FROM + 90:]
+    assert storage.readinto(handles[3], len(data) + 5, buffer) == 0
+    with pytest.raises(OSError, match="negative offset"):
+        storage.readinto(handles[3], -1, buffer)
+    out = np.zeros(4, dtype=np.uint8)
+    assert storage.read_into(np.array([handles[0]]), np.array([5]), np.array([4]), out,
+                             np.array([0])) == -1
+    assert out.tobytes() == data[5:9]
+    storage.close()  # the descriptors closed at mapping are not closed again
+    assert _open_descriptors() == before + 8 * kept  # Python's copies go with the mappings
+
+
+_OUT_OF_DESCRIPTORS = """
+import os, resource, sys
+import numpy as np
+from zerobatch.storage import LocalStorage
+folder, hard = sys.argv[1], int(sys.argv[2])
+used = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (used + 20, hard))
+storage = LocalStorage(folder, method="pread")
+try:
+    handles = [storage.open(f"f{i}") for i in range(60)]
+except OSError as error:
+    print("error", error)
+else:
+    buffer = np.zeros(60, dtype=np.uint8)
+    storage.read_into(np.array(handles), np.zeros(60, dtype=np.int64), np.ones(60, np.int64),
+                      buffer, np.arange(60))
+    print("read", buffer.tolist() == list(range(60)), resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="Linux descriptor limits")
+def test_out_of_descriptors_raises_the_soft_limit_or_says_what_to_do(tmp_path: Path) -> None:
+    """A soft RLIMIT_NOFILE (1,024 on many systems) below what a many-source
+    job opens is raised up to the hard limit, and the reads go on; at the hard
+    limit, the error names the limit and the fix."""
+    import resource
+
+    for i in range(60):
+        (tmp_path / f"f{i}").write_bytes(bytes([i]) * 3)
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the hard limit is {hard}")
+    run = subprocess.run([sys.executable, "-c", _OUT_OF_DESCRIPTORS, str(tmp_path), "4096"],
+                         capture_output=True, text=True, check=True)
+    assert run.stdout.startswith("read True (4096, 4096)"), run.stdout + run.stderr
+    run = subprocess.run([sys.executable, "-c", _OUT_OF_DESCRIPTORS.replace(
+        "(used + 20, hard)", "(used + 20, used + 20)"), str(tmp_path), "0"],
+        capture_output=True, text=True, check=True)
+    assert run.stdout.startswith("error [Errno 24] too many open files: this process may "
+                                 "hold "), run.stdout + run.stderr
+    assert "RLIMIT_NOFILE" in run.stdout and "ulimit -n" in run.stdout
+    assert str(tmp_path / "f") in run.stdout
+
+
 def test_unknown_method(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="method must be one of 'auto', 'pread', 'mmap', "
                                          "got 'direct'"):

@@ -37,6 +37,13 @@ page cache): ~42 us per batch with ``pread``, ~16 us with ``mmap``.
 A file is checked against the size it had when opened: a read past that size
 comes back short.
 
+Descriptors: a file read by ``pread`` keeps one open; a mapped file keeps none
+of its own (Python's ``mmap`` holds a copy before 3.13). A process that runs
+out (``EMFILE``: many systems set a soft limit of 1,024, below what a mixture
+of thousands of small datasets opens) has its soft ``RLIMIT_NOFILE`` raised
+toward the hard limit, and at the hard limit gets an error that says so
+(``open_descriptor``).
+
 Kernels of other modules may read without a buffer of their own: ``files()``
 gives the open files as arrays, ``read_request`` reads one request by the
 storage's method, ``mapped_records`` gives a mapped request's records as a
@@ -48,12 +55,15 @@ shuffled reads).
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import mmap
 import os
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numba
 import numpy as np
@@ -65,6 +75,11 @@ from numba.core.extending import intrinsic
 
 from zerobatch import _forksafe
 from zerobatch.storage.protocol import byte_view, check_buffer
+
+try:  # imported now: out of descriptors, an import cannot open its file
+    import resource
+except ImportError:  # not a Unix
+    resource = None  # type: ignore[assignment]
 
 __all__ = [
     "MAP_FROM", "METHODS", "MOUNTINFO", "NETWORK_FILE_SYSTEMS", "LocalStorage", "check_status",
@@ -358,13 +373,66 @@ class _Files:
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 
 
-def _map(descriptor: int) -> np.ndarray:
+def open_descriptor(path: str) -> int:
+    """``os.open(path)`` read-only. When the process is out of descriptors
+    (``EMFILE``: ``RLIMIT_NOFILE``'s soft limit, 1,024 on many systems, where a
+    mixture of thousands of small datasets keeps one open per file under
+    ``MAP_FROM``), the soft limit is raised as far as the hard one allows
+    and the open tried again; at the hard limit, an ``OSError`` that says
+    which limit and what to do."""
+    return _spare_descriptors(lambda: os.open(path, _OPEN_FLAGS), path)
+
+
+_T = TypeVar("_T")
+
+
+def _spare_descriptors(call: Callable[[], _T], path: str) -> _T:
+    """``call()``, again after ``_raise_descriptor_limit`` if it ran out of
+    descriptors (``EMFILE``); then an ``OSError`` naming the limit and ``path``."""
+    try:
+        return call()
+    except OSError as error:
+        if error.errno != errno.EMFILE:
+            raise
+    limits = _raise_descriptor_limit()
+    try:
+        return call()
+    except OSError as error:
+        if error.errno != errno.EMFILE:
+            raise
+        soft, hard = limits or (None, None)
+        raise OSError(errno.EMFILE, f"too many open files: this process may hold {soft} "
+                      f"(RLIMIT_NOFILE; hard limit {hard}), and zerobatch keeps one open "
+                      "per file it has read (a mapped one too, before Python 3.13); raise "
+                      "the limit (ulimit -n), or write fewer, larger shards", path) from None
+
+
+def _raise_descriptor_limit() -> tuple[int, int] | None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` toward its hard limit;
+    returns (soft, hard) after, or None where there are no such limits."""
+    if resource is None:  # not a Unix
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(4 * soft, 1 << 16)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):  # a limit the kernel refuses
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+# Python 3.13's mmap can leave the descriptor alone; before, each mapping holds
+# a duplicate of it (one descriptor per mapped file for the mapping's life).
+_UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+
+
+def _map(descriptor: int, path: str) -> np.ndarray:
     """The whole file read-only, as uint8 (an empty array for an empty file)."""
     if os.fstat(descriptor).st_size == 0:
         empty = np.zeros(0, dtype=np.uint8)
         empty.setflags(write=False)  # like a mapping: one array type for Numba
         return empty
-    mapping = mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ)
+    mapping = _spare_descriptors(
+        lambda: mmap.mmap(descriptor, 0, access=mmap.ACCESS_READ, **_UNTRACKED), path)
     if hasattr(mapping, "madvise") and hasattr(mmap, "MADV_RANDOM"):
         mapping.madvise(mmap.MADV_RANDOM)
     return np.frombuffer(mapping, dtype=np.uint8)
@@ -423,16 +491,19 @@ class LocalStorage:
         with self._lock:
             handle = self._handles.get(name)
             if handle is None:
-                descriptor = os.open(self._prefix + name, _OPEN_FLAGS)
+                descriptor = open_descriptor(self._prefix + name)
                 try:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)
                     size = os.fstat(descriptor).st_size
-                    mapping = (_map(descriptor) if self._method == "mmap" and size >= MAP_FROM
-                               else None)
+                    mapping = (_map(descriptor, self._prefix + name)
+                               if self._method == "mmap" and size >= MAP_FROM else None)
                 except BaseException:
                     os.close(descriptor)
                     raise
+                if mapping is not None:  # the mapping holds the file: no descriptor kept
+                    os.close(descriptor)
+                    descriptor = -1
                 handle = len(self._files.descriptors)
                 self._files = self._files.add(descriptor, size, mapping)
                 self._handles[name] = handle
@@ -463,11 +534,20 @@ class LocalStorage:
     def readinto(
         self, handle: int, offset: int, buffer: bytearray | memoryview | np.ndarray
     ) -> int:
-        """``os.preadv`` of up to ``len(buffer)`` bytes at ``offset``."""
-        descriptors = self._files.descriptors
+        """Up to ``len(buffer)`` bytes at ``offset`` (``os.preadv``; from its
+        mapping for a mapped file); returns the bytes read."""
+        files = self._files
+        descriptors = files.descriptors
         if not 0 <= handle < len(descriptors):
             raise OSError(f"handle {handle} is not open")
         view = byte_view(buffer)
+        mapping = files.maps[handle]
+        if mapping is not None:  # mapped: its descriptor was closed
+            if offset < 0:
+                raise OSError(errno.EINVAL, f"negative offset {offset}")
+            part = mapping[offset:offset + len(view)]
+            view[:part.shape[0]] = part.data
+            return int(part.shape[0])
         done = 0
         while done < len(view):
             got = os.preadv(descriptors[handle], [view[done:]], offset + done)
@@ -478,12 +558,17 @@ class LocalStorage:
 
     def map(self, name: str) -> npt.NDArray[np.uint8]:
         """``name`` mapped read-only (an empty array for an empty file)."""
-        with open(self._root / name, "rb") as file:
-            return _map(file.fileno())
+        path = self._prefix + name
+        descriptor = open_descriptor(path)
+        try:
+            return _map(descriptor, path)
+        finally:
+            os.close(descriptor)
 
     def close(self) -> None:
         """Close every handle; idempotent. Mappings are released once no read uses them."""
         with self._lock:
             files, self._files, self._handles = self._files, _Files(), {}
         for descriptor in files.descriptors:
-            os.close(descriptor)
+            if descriptor >= 0:  # -1: a mapped file, closed when it was mapped
+                os.close(descriptor)
