@@ -454,7 +454,7 @@ class LocalStorage:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, method: Method = "auto") -> None:
-        self._root = Path(root)
+        self._root = root if isinstance(root, Path) else Path(root)  # one Path a dataset
         self._prefix = os.path.join(self._root, "")  # open() joins names to it: no Path a file
         self._requested = method
         self._method = resolve_method(method, self._root)
