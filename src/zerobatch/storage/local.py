@@ -77,14 +77,15 @@ from zerobatch import _forksafe
 from zerobatch.storage.protocol import byte_view, check_buffer
 
 try:  # imported now: out of descriptors, an import cannot open its file
+    import fcntl as fcntl_module
     import resource
 except ImportError:  # not a Unix
-    resource = None  # type: ignore[assignment]
+    fcntl_module = resource = None  # type: ignore[assignment]
 
 __all__ = [
     "MAP_FROM", "METHODS", "MOUNTINFO", "NETWORK_FILE_SYSTEMS", "LocalStorage", "check_status",
     "file_system_type", "is_network", "mapped_records", "prefetch_request", "read_request",
-    "resolve_method",
+    "reserve_descriptors", "resolve_method",
 ]
 
 Method = Literal["auto", "pread", "mmap"]
@@ -381,6 +382,33 @@ def open_descriptor(path: str) -> int:
     and the open tried again; at the hard limit, an ``OSError`` that says
     which limit and what to do."""
     return _spare_descriptors(lambda: os.open(path, _OPEN_FLAGS), path)
+
+
+def reserve_descriptors(count: int) -> None:
+    """Grow this process's descriptor table at once to hold ``count`` more
+    files, before opening them (e.g. a mixture's first batch, ~500 files).
+
+    Linux grows the table by doubling, and in a multithreaded process (any
+    process with NumPy's BLAS threads) each growth waits for an RCU grace
+    period: 512 opens took 21-33 ms that way here, against 10-13 ms (median)
+    with the table grown to its final size by one ``F_DUPFD`` first, and
+    4.4 ms in a single-threaded process. A no-op under 64 files, where the
+    table already holds them, or where it cannot be done (not Linux, a
+    target past ``RLIMIT_NOFILE``: the opens then go as they would)."""
+    if count < 64 or not hasattr(fcntl_module, "F_DUPFD_CLOEXEC"):
+        return
+    try:
+        probe = os.open(os.devnull, _OPEN_FLAGS)
+    except OSError:
+        return
+    try:
+        high = fcntl_module.fcntl(probe, fcntl_module.F_DUPFD_CLOEXEC, probe + count)
+    except OSError:  # EINVAL past the limit, EMFILE
+        pass
+    else:
+        os.close(high)
+    finally:
+        os.close(probe)
 
 
 _T = TypeVar("_T")

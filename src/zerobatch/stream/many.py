@@ -35,6 +35,7 @@ from numba import typed
 
 from zerobatch import _forksafe
 from zerobatch.columnar import FieldSchema
+from zerobatch.storage.local import reserve_descriptors
 from zerobatch.stream import _kernels as k
 from zerobatch.stream.reader import TokenWindows
 
@@ -180,6 +181,7 @@ class ManyWindows:
                                     self._shard_starts, self._live, self._bases, self._sizes,
                                     1)[0]
         wanted = np.unique(pieces[:, k.SHARD])
+        reserve_descriptors(int(np.count_nonzero(self._sizes[wanted] < 0)))  # one table growth
         # sorted: global shards are grouped by dataset, so each dataset's are one run
         cuts = np.flatnonzero(np.diff(self._owner[wanted])) + 1
         with self._lock:
