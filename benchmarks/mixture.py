@@ -107,7 +107,7 @@ batch = next(iter(Loader(mixture, 512, output="numpy", num_threads=0)))
 end, end_cpu = time.perf_counter(), time.process_time()
 # Python's full collections (generation 2) in the window: they scan every object
 # of the process (~120,000 with NumPy and Numba loaded: ~80-110 ms here), and the
-# objects the opening made (~27 a dataset) make one due; reported apart.
+# objects the opening made (~25 a dataset) make one due; reported apart.
 full = sum(t for g, t in collections[collected:] if g == 2)
 print(json.dumps({"open": opened - start, "open_cpu": opened_cpu - start_cpu, "gc": full,
                   "seconds": end - opened, "cpu": end_cpu - opened_cpu,

@@ -116,11 +116,9 @@ class EncoderSpec:
             if self.kind == BYTES:
                 encoder = ByteEncoder()
             else:
-                from tokenizers import Tokenizer as HFTokenizer
-
                 assert self.path is not None and self.name is not None
-                raw = self._tokenizer_bytes()
-                encoder = HFEncoder(HFTokenizer.from_buffer(raw), self.name, self.eos_id)
+                loaded = _parse_tokenizer(self._tokenizer_bytes(), Path(self.path))
+                encoder = HFEncoder(loaded, self.name, self.eos_id)
             _CACHE[self] = encoder
         return encoder
 
@@ -160,16 +158,22 @@ def load_tokenizer(spec: str | os.PathLike[str]) -> tuple[Any, Path, str, bytes]
     """(the ``tokenizers.Tokenizer``, its file, its name, the file's bytes) of
     a tokenizers JSON file or a folder holding ``tokenizer.json``, the file
     read once; ``FormatError`` naming it when it cannot be read."""
-    from tokenizers import Tokenizer as HFTokenizer
-
     path = _tokenizer_file(spec)
     raw = path.read_bytes()
+    loaded = _parse_tokenizer(raw, path)
+    return loaded, path, Path(spec).name if Path(spec).is_dir() else path.stem, raw
+
+
+def _parse_tokenizer(raw: bytes, path: Path) -> Any:
+    """The ``tokenizers.Tokenizer`` of a JSON file's bytes; ``FormatError``
+    naming ``path`` when they are not one."""
+    from tokenizers import Tokenizer as HFTokenizer
+
     try:
-        loaded = HFTokenizer.from_buffer(raw)
+        return HFTokenizer.from_buffer(raw)
     except Exception as error:  # tokenizers raises bare Exceptions
         raise FormatError(f"cannot read the tokenizer ({error})", path=path,
                           field="tokenizer") from None
-    return loaded, path, Path(spec).name if Path(spec).is_dir() else path.stem, raw
 
 
 def _find_eos(tokenizer: Any, eos: int | str | None, path: Path) -> int | None:
