@@ -39,7 +39,7 @@ $(BENCH_STAMP): pyproject.toml constraints.txt
 	test -x $(BENCH_PY) || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_PY) -m pip install --quiet --upgrade pip
 	$(BENCH_PY) -m pip install --quiet torch==2.13.0
-	$(BENCH_PY) -m pip install --quiet -c constraints.txt -e '.[dev]' datasets transferqueue==0.1.11 psutil lightning-utilities boto3 tifffile grain==0.2.18
+	$(BENCH_PY) -m pip install --quiet -c constraints.txt -e '.[dev,bench-packing]' datasets transferqueue==0.1.11 psutil lightning-utilities boto3 tifffile grain==0.2.18
 	$(BENCH_PY) -m pip install --quiet --no-deps litdata  # its torchvision dependency would replace torch
 	touch $(BENCH_STAMP)
 

@@ -94,7 +94,8 @@ def groups(
     height = 0.9 + (0.22 * len(series) + 0.2) * len(labels)
     figure, axes = plt.subplots(figsize=(8.5, height))
     others = iter(["#d0883a", "#8250df", "#2da44e", "#cf222e", "#57606a"])
-    colors = {key: _OURS if key.startswith("zerobatch") else next(others) for key in series}
+    ours = iter([_OURS, "#79b8ff", "#0a3069", "#54aeff"])  # zerobatch's series: blues
+    colors = {key: next(ours) if key.startswith("zerobatch") else next(others) for key in series}
     step = 0.8 / len(series)
     for k, key in enumerate(series):
         ys, xs = [], []
@@ -111,7 +112,7 @@ def groups(
     axes.set_xlabel(xlabel)
     axes.set_title(title, fontsize=10)
     axes.margins(x=0.15)
-    axes.legend(fontsize=8, loc="lower right")
+    axes.legend(fontsize=8, loc="best")
     return _save(figure, name)
 
 
@@ -123,8 +124,9 @@ def lines(
     NaN leaves a gap), zerobatch's in blue. Writes ``docs/img/{name}.png``."""
     figure, axes = plt.subplots(figsize=(7.5, 4.2))
     others = iter(["#d0883a", "#8250df", "#2da44e", "#cf222e", "#57606a"])
+    ours = iter([_OURS, "#79b8ff", "#0a3069", "#54aeff"])  # zerobatch's series: blues
     for label, ys in series.items():
-        color = _OURS if label.startswith("zerobatch") else next(others)
+        color = next(ours) if label.startswith("zerobatch") else next(others)
         axes.plot(list(x)[:len(ys)], list(ys), marker="o", label=label, color=color)
     if logx:
         axes.set_xscale("log")

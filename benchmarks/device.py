@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _plot import bars
 
 from zerobatch import Loader, StreamWriter, open_dataset
 from zerobatch.tools.bench import numpy_windows
@@ -322,12 +323,19 @@ def _copy_limit() -> None:
               f"{seconds * 1e6:7.1f} us, {nbytes / seconds / 1e9:5.1f} GB/s")
 
 
-def _table(results: dict[str, tuple[float, float]], limit: float, limit_name: str) -> None:
+def _table(results: dict[str, tuple[float, float]], limit: float, limit_name: str,
+           figure: str, title: str) -> None:
+    """Prints each loader's step time, CPU time and share of ``limit``, and
+    draws the shares into ``docs/img/{figure}.png``."""
     print(f"  {'loader':46s} {'ms/step':>8s} {'steps/s':>8s} {'CPU ms/step':>12s} "
           f"{limit_name:>10s}")
     for name, (wall, cpu) in results.items():
         print(f"  {name:46s} {wall * 1e3:8.3f} {1 / wall:8.0f} {cpu * 1e3:12.3f} "
               f"{limit / wall:10.2f}")
+    bars(figure, {name: limit / wall for name, (wall, _) in results.items()}, limit=1.0,
+         limit_label=limit_name, title=title, xlabel=f"step time as a share: {limit_name}",
+         labels={name: f"{limit / wall:.2f} ({wall * 1e3:.3f} ms)"
+                 for name, (wall, _) in results.items()})
 
 
 def _jax(path: Path, steps: int, passes: int) -> None:
@@ -410,23 +418,27 @@ def main() -> None:
         print(f"2. Loaders to the GPU, one small kernel per step ({args.steps} steps, best of "
               f"{args.passes})")
         best = _best(loaders, args.steps, args.passes, _consume)
-        _table(best, best["np.memmap 3 lines + pin + .to(cuda)"][0], "of 3 lines")
+        _table(best, best["np.memmap 3 lines + pin + .to(cuda)"][0], "of 3 lines",
+               "device_loaders", f"Loaders to the GPU, no compute (batch {BATCH} x {SEQ_LEN})")
         model = _model(args.layers)
         for layers in (args.layers, 2):
             print(f"3. A training step of {layers} bf16 matmuls (GPU busy share: step time "
                   f"with the data on the GPU / step time)")
             best = _best(loaders, args.steps, args.passes, _model(layers))
-            _table(best, best["batches already on the GPU (limit)"][0], "GPU busy")
+            _table(best, best["batches already on the GPU (limit)"][0], "GPU busy",
+                   f"device_step_{layers}", f"GPU busy share, a step of {layers} bf16 matmuls")
         print("4. Copy strategies (stage in pinned memory, then wait): no compute, then "
               f"{args.layers} and 2 matmuls")
         strategies = _strategies(path)
         strategies["batches already on the GPU (limit)"] = loaders[
             "batches already on the GPU (limit)"]
-        for label, work in (("no compute", _consume), (f"{args.layers} matmuls", model),
-                            ("2 matmuls", _model(2))):
+        for label, work, layers in (("no compute", _consume, 0),
+                                    (f"{args.layers} matmuls", model, args.layers),
+                                    ("2 matmuls", _model(2), 2)):
             best = _best(strategies, args.steps, args.passes, work)
             print(f" {label}")
-            _table(best, best["batches already on the GPU (limit)"][0], "of limit")
+            _table(best, best["batches already on the GPU (limit)"][0], "of limit",
+                   f"device_copies_{layers}", f"Staging a step in pinned memory: {label}")
         if args.jax:
             sys.stdout.flush()
             env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")

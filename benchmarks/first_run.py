@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from _plot import groups
 
 _CASE = r"""
 import json, sys, time
@@ -86,6 +87,7 @@ def main() -> None:
             for _ in range(64):
                 writer.add_document(rng.integers(0, 50_000, 8_000, dtype=np.uint32))
         print(f"{'case':<34} {'cold first batch':>16} {'warm':>6} {'import':>7} {'torch':>6}")
+        drawn: dict[str, dict[str, float]] = {}
         for label, kind, options in CASES:
             cold, warm, imported, torch_s = [], [], [], []
             for _ in range(args.repeats):
@@ -98,6 +100,11 @@ def main() -> None:
                     torch_s.append(again["torch"])
             print(f"{label:<34} {min(cold):>16.2f} {min(warm):>6.2f} {min(imported):>7.2f} "
                   f"{min(torch_s):>6.2f}")
+            drawn[label] = {"first run on a machine (cold Numba cache)": min(cold),
+                            "every later run (cache warm)": min(warm),
+                            "import zerobatch": min(imported)}
+        groups("first_run", drawn, fmt="{:.2f} s", title="A fresh process to the first batch "
+               f"(best of {args.repeats})", xlabel="seconds (import timed apart)")
 
 
 if __name__ == "__main__":

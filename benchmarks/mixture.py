@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _plot import bars, groups, lines
 
 DOCUMENT_MASKING = ("position_ids", "cu_seqlens", "max_seqlen")
 
@@ -187,10 +188,12 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
           f"{'CPU ms':>7} {'gc ms':>6} {'MiB':>6} | {'megatron ms':>11} {'MB':>7} | {'x':>6} | "
           "kernels ms, import ms (once a process)")
     measured: dict[int, tuple[int, float]] = {}  # sources -> (samples, seconds) largest run
+    drawn: dict[str, dict[str, float]] = {}  # case -> reader -> ms (the figure)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if "windows" in kinds:
             _datasets(root, max(counts))
+            os.sync()  # no write-back of the new files under the first cases
         for size in sizes:
             for count in counts:
                 if not megatron:  # zerobatch alone (the 50 ms target in under a minute)
@@ -218,6 +221,14 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
                           f"{theirs['seconds'] / ours['seconds']:>6.0f} | "
                           f"{ours['kernels'] * 1e3:.0f}, {ours['import'] * 1e3:.0f}; sources "
                           f"{opened:.1f} MiB{note}")
+                    case = f"1e{round(np.log10(size))} samples, {count:,} sources, {kind}"
+                    drawn[case] = {"zerobatch Mixture + Loader": ours["seconds"] * 1e3}
+                    if not np.isnan(theirs["seconds"]):
+                        label = "megatron BlendedDataset" + (" (extrapolated)" if note else "")
+                        drawn[case][label] = theirs["seconds"] * 1e3
+    groups("mixture_startup", drawn, log=True, fmt="{:.3g} ms",
+           title="Start-up to the first batch of 512 (target: zerobatch < 50 ms)",
+           xlabel="ms from the opened sources to the first batch (log)")
 
 
 def _write(folder: Path, tokens: np.ndarray, fmt: str = "native") -> Path:
@@ -246,7 +257,8 @@ def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
     """Loader epochs over one dataset and over a mixture of ``sources`` parts of
     the same tokens, interleaved ``repeats`` times; prints the best wall and
     CPU (process) time per step of each and their ratios (one / mixture: 1.0
-    means the mixture costs nothing). Returns the CPU ratios, per thread count."""
+    means the mixture costs nothing). Returns the CPU ratios, per thread count,
+    then the ratio of the alternated steps' medians."""
     from zerobatch import Loader, Mixture, open_dataset
 
     print(f"\n## 2. Loader throughput: one dataset vs a mixture of {sources} "
@@ -320,7 +332,7 @@ def throughput(total_tokens: int, sources: int, seq_len: int, batch_size: int,
         print(f"steps alternated (threads=0, {len(steps['one']):,} pairs): CPU median one "
               f"{m['one']:6.1f} us/step, mixture {m['mixture']:6.1f} us/step, ratio "
               f"{m['one'] / m['mixture']:.3f}")
-        return ratios
+        return [*ratios, m["one"] / m["mixture"]]
 
 
 def proportions(batches: int, batch_size: int, count: int) -> None:
@@ -354,13 +366,18 @@ def proportions(batches: int, batch_size: int, count: int) -> None:
                                        stop_criteria="CYCLE_FOREVER", seed=0)
     theirs = np.fromiter((next(sampler) for _ in range(total)), dtype=np.int64, count=total)
     theirs = theirs.reshape(batches, batch_size)
+    errors = {}
     for name, drawn in (("zerobatch Mixture", ours), ("torchdata MultiNodeWeightedSampler",
                                                       theirs)):
         counts = np.stack([np.bincount(row, minlength=count) for row in drawn])
         error = np.abs(counts / batch_size - weights).max()
         whole = np.abs(counts.sum(0) / total - weights).max()
+        errors[name] = error * batch_size
         print(f"{name:>36}: max per-batch error {error:.5f} ({error * batch_size:.1f} rows); "
               f"over all {total:,} rows {whole:.6f}")
+    bars("mixture_proportions", errors, xlabel="rows off the target count (largest over batches "
+         "and sources)", title=f"Proportion error per batch of {batch_size}, {count} sources, "
+         f"{batches:,} batches")
 
 
 def large(counts: tuple[int, ...] = (100, 1_000, 10_000), position: int = 10**15,
@@ -376,6 +393,9 @@ def large(counts: tuple[int, ...] = (100, 1_000, 10_000), position: int = 10**15
           f"{repeats})")
     print(f"{'sources':>8} | {'build':>8} | {'first lookup (new block)':>24} | "
           f"{'512 positions, known block':>26} | {'per source (new block)':>22}")
+    series: dict[str, list[float]] = {"zerobatch: build the order": [],
+                                      "zerobatch: first lookup in a new block": [],
+                                      "zerobatch: 512 positions in a known block": []}
     for count in counts:
         rng = np.random.default_rng(count)
         lengths = rng.integers(1, 10**12, size=count).tolist()
@@ -398,6 +418,11 @@ def large(counts: tuple[int, ...] = (100, 1_000, 10_000), position: int = 10**15
             best["step"] = min(best["step"], time.thread_time() - begin)
         print(f"{count:>8,} | {best['build'] * 1e3:>8.2f} | {best['first'] * 1e3:>24.3f} | "
               f"{best['step'] * 1e3:>26.3f} | {best['first'] / count * 1e9:>19.0f} ns")
+        for values, key in zip(series.values(), ("build", "first", "step"), strict=True):
+            values.append(best[key] * 1e3)
+    lines("mixture_large", counts, series, logy=True, xlabel="sources",
+          ylabel=f"CPU ms (best of {repeats})",
+          title=f"The order at position {position:.0e}, lengths up to 1e12: O(sources), no table")
 
 
 def main() -> None:
@@ -428,12 +453,23 @@ def main() -> None:
         startup(args.megatron_max, [10**7, 10**9], [100, 2_000],
                 megatron=not args.no_megatron)
     if "throughput" in args.only:
+        shares: dict[str, float] = {}
         with tempfile.TemporaryDirectory() as tmp:  # the datasets written once for all cases
             for batch_size, columns in ((64, ("input_ids", "labels")),
                                         (512, ("input_ids", "labels")),
                                         (64, ("input_ids", "labels", *DOCUMENT_MASKING))):
-                throughput(40_000_000, 100, 2048, batch_size, 5, columns, root=Path(tmp),
-                           fmt=args.format)
+                threads = (0, 1, 2)
+                ratios = throughput(40_000_000, 100, 2048, batch_size, 5, columns, threads,
+                                    root=Path(tmp), fmt=args.format)
+                masking = ", masking columns" if len(columns) > 2 else ""
+                cases = [f"threads={count}" for count in threads] + ["steps alternated"]
+                for case, ratio in zip(cases, ratios, strict=True):
+                    shares[f"zerobatch, batch {batch_size}{masking}, {case}"] = ratio
+        bars(f"mixture_throughput{'' if args.format == 'native' else '_' + args.format}", shares,
+             limit=0.9, limit_label="target 0.9",
+             xlabel="CPU time a step: one dataset / mixture of 100 (1.0: the mixture is free)",
+             title=f"Loader over a mixture of 100 sources against one source ({args.format} "
+                   "files, best of 5)")
     if "proportions" in args.only:
         proportions(2_000, 512, 100)
     if "large" in args.only:

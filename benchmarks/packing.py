@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _plot import bars, groups
 from datasets.utils.logging import disable_progress_bar
 from numba import njit
 
@@ -151,7 +152,9 @@ def trl_pack(lengths: np.ndarray, batch: int, strategy: str = "bfd") -> tuple[in
     return len(packed), placed, int(lengths.sum()) - placed
 
 
-def efficiency(name: str, lengths: np.ndarray, trl: bool) -> None:
+def efficiency(name: str, lengths: np.ndarray, trl: bool) -> dict[str, float]:
+    """Prints rows, padding and dropped tokens of each packer on ``lengths``;
+    returns each packer's padding in percent."""
     total = int(lengths.sum())
     print(f"\n{name}: {len(lengths)} documents, {total / 1e6:.1f} M tokens, "
           f"median {int(np.median(lengths))}, {100 * (lengths > SEQ_LEN).mean():.1f}% "
@@ -168,13 +171,17 @@ def efficiency(name: str, lengths: np.ndarray, trl: bool) -> None:
         rows_of += [("TRL bfd (truncate), map batch 1000", trl_pack(lengths, 1000)),
                     ("TRL bfd (truncate), one batch of all", trl_pack(lengths, len(lengths))),
                     ("TRL bfd_split, map batch 1000", trl_pack(lengths, 1000, "bfd_split"))]
+    paddings = {}
     for label, (rows, placed, dropped) in rows_of:
         padding = 1 - placed / (rows * SEQ_LEN)
+        paddings[label] = 100 * padding
         print(f"  {label:<42} rows {rows:>8}  padding {100 * padding:6.2f}%  "
               f"dropped {100 * dropped / total:6.2f}%")
+    return paddings
 
 
-def speed(root: Path, n: int, repeat: int, trl: bool) -> None:
+def speed(root: Path, n: int, repeat: int, trl: bool) -> dict[str, float]:
+    """Prints and returns each packer's M documents/s on one window of ``n``."""
     lengths = conversations(n, seed=n)
     docs = open_dataset(write(root / f"speed{n}", lengths)).documents()
     packed = docs.packed(SEQ_LEN, window=n)
@@ -182,6 +189,7 @@ def speed(root: Path, n: int, repeat: int, trl: bool) -> None:
     ours = _best(lambda: packed._pack(0, 0), repeat)
     line = (f"  one window of {n:>6}: zerobatch {n / ours / 1e6:7.2f} M docs/s "
             f"({ours * 1e3:7.1f} ms)")
+    rates = {"zerobatch window packing": n / ours / 1e6}
     if trl:
         from datasets import Dataset
         from trl import pack_dataset
@@ -197,7 +205,10 @@ def speed(root: Path, n: int, repeat: int, trl: bool) -> None:
         line += (f"; TRL _pack_bfd {n / core / 1e6:6.3f} M docs/s ({core * 1e3:7.1f} ms, "
                  f"zerobatch {core / ours:5.1f}x); pack_dataset {n / whole / 1e6:6.3f} M docs/s "
                  f"({whole * 1e3:7.1f} ms, zerobatch {whole / ours:5.1f}x)")
+        rates["TRL _pack_bfd"] = n / core / 1e6
+        rates["TRL pack_dataset"] = n / whole / 1e6
     print(line)
+    return rates
 
 
 def resume(root: Path, repeat: int) -> None:
@@ -288,6 +299,14 @@ def throughput(root: Path, seconds: float) -> None:
               f"without the loss mask {b_cpu / 1e6:7.1f}: {b_cpu / w_cpu:.2f}x")
     print(f"  CPU-time ratio packed / windows, median of 3: {sorted(cpu_ratios)[1]:.2f}x "
           f"(target >= 0.7); packed without a loss mask: {sorted(bare_ratios)[1]:.2f}x")
+    bars("packing_throughput", {"zerobatch windows (input_ids, labels)": 1.0,
+                                "zerobatch packed rows, varlen contract + loss mask":
+                                    sorted(cpu_ratios)[1],
+                                "zerobatch packed rows, varlen contract": sorted(bare_ratios)[1]},
+         limit=0.7, limit_label="target 0.7",
+         xlabel="slots per CPU second of the calling thread, as a share of windows "
+                "(median of 3)", title=f"Loader over packed rows against windows (batch 8, "
+                                       f"seq_len {SEQ_LEN}, output numpy)")
     floor_windows, floor_packed = planes_floor(8, SEQ_LEN)
     step = 8 * SEQ_LEN / sorted(w_cpus)[1] * 1e6  # us of CPU per windows step
     print(f"  the output planes alone (written, nothing read; 8 x {SEQ_LEN}): windows' "
@@ -361,15 +380,27 @@ def main() -> None:
         root = Path(tmp)
         if 1 in parts:
             print("\n1. packing speed (best of several)")
-            for n in (10_000,) if args.quick else (10_000, 100_000):
-                speed(root, n, 3 if args.quick else 7, trl)
+            speeds = {f"one window of {n:,} documents": speed(root, n, 3 if args.quick else 7,
+                                                               trl)
+                      for n in ((10_000,) if args.quick else (10_000, 100_000))}
+            groups("packing_speed", speeds, log=True, fmt="{:.3g}",
+                   title=f"Best-fit decreasing packing, seq_len {SEQ_LEN} (lognormal "
+                         "conversation lengths)", xlabel="M documents/s (log)")
             resume(root, 3 if args.quick else 7)
         if 2 in parts:
             print("\n2. efficiency")
             count = 20_000 if args.quick else 100_000
-            efficiency("lognormal conversations", conversations(count), trl)
-            efficiency("code-like", code_like(count), trl)
-            efficiency("demo corpus", demo_lengths(4 << 20 if args.quick else 16 << 20), trl)
+            paddings = {
+                "lognormal conversations": efficiency("lognormal conversations",
+                                                      conversations(count), trl),
+                "code-like": efficiency("code-like", code_like(count), trl),
+                "demo corpus": efficiency("demo corpus",
+                                          demo_lengths(4 << 20 if args.quick else 16 << 20), trl),
+            }
+            methods = list(next(iter(paddings.values())))
+            groups("packing_padding", {m: {d: p[m] for d, p in paddings.items()} for m in methods},
+                   fmt="{:.2f}%", title=f"Padding of packed rows of {SEQ_LEN} tokens, by "
+                                        "length distribution", xlabel="padding, % of the slots")
         if 3 in parts:
             print("\n3. Loader throughput, batch 8, 1 thread, output numpy")
             throughput(root, 2.0 if args.quick else 5.0)

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _plot import groups
 
 SEQ, BATCH = 2048, 8
 
@@ -307,8 +308,22 @@ def _hf_rate(path: Path, seconds: float) -> str:
         f"range(0, len(order), {BATCH}))", "sum(len(x) for x in batch)", seconds)
 
 
-def run(code: str) -> dict[str, float]:
-    """Run ``code`` in a fresh interpreter; its last line of JSON."""
+def _warm(path: Path) -> None:
+    """Read every file of ``path``'s corpus into the page cache: a machine's
+    memory reclaim evicts files idle for minutes, and whichever loader ran
+    first on a format would read the disk for the others."""
+    folder = path if path.is_dir() else path.parent
+    for file in folder.rglob("*"):
+        if file.is_file():
+            with open(file, "rb") as handle:
+                while handle.read(16 << 20):
+                    pass
+
+
+def run(code: str, path: Path) -> dict[str, float]:
+    """Run ``code`` in a fresh interpreter, ``path``'s files warm first (see
+    ``_warm``); its last line of JSON."""
+    _warm(path)
     done = subprocess.run([sys.executable, "-c", _PRELUDE + code], capture_output=True,
                           text=True, timeout=3600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -342,12 +357,15 @@ def main() -> None:
         "datatrove": _datatrove_first, "litdata": _litdata_first, "hf": _hf_first,
     }
     first: dict[str, dict[str, float]] = {}
+    drawn_ms: dict[str, dict[str, float]] = {}  # format -> reader -> ms (the figures)
+    drawn_rss: dict[str, dict[str, float]] = {}
     mds_rate = None
     for name, path in paths.items():
         mode = "docs" if name == "hf" else "windows"
         if name == "mds":  # its first batch and rate in one run of its environment
+            _warm(path)
             mds_rate = _mds(path, args.seconds)
-        ours = run(_zerobatch_first(path, mode))
+        ours = run(_zerobatch_first(path, mode), path)
         first[name] = ours
         print(f"{name:<10} {'zerobatch Loader, cold':<34} {ours['s']:>9.4f} "
               f"{ours['rss'] / 2**20:>14.1f}   (mapped file pages "
@@ -355,8 +373,11 @@ def main() -> None:
         print(f"{name:<10} {'zerobatch Loader, warm':<34} {ours['warm']:>9.4f} "
               f"{ours['warm_rss'] / 2**20:>14.1f}   (mapped file pages "
               f"{ours['warm_file'] / 2**20:.1f})", flush=True)
+        drawn_ms[name] = {"zerobatch Loader, fresh process (Numba kernels load)": ours["s"] * 1e3,
+                          "zerobatch Loader, opened again": ours["warm"] * 1e3}
+        drawn_rss[name] = {"zerobatch Loader, fresh process": ours["rss"] / 2**20}
         if name in peers or name == "mds":
-            theirs = mds_rate if name == "mds" else run(peers[name](path))
+            theirs = mds_rate if name == "mds" else run(peers[name](path), path)
             assert theirs is not None
             label = {"megatron": "GPTDataset (builds its indices)", "datatrove":
                      "DatatroveFolderDataset+DataLoader", "litdata": "StreamingDataset",
@@ -364,12 +385,22 @@ def main() -> None:
             print(f"{name:<10} {label:<34} {theirs['s']:>9.4f} {theirs['rss'] / 2**20:>14.1f}"
                   f"   / zerobatch: cold {theirs['s'] / ours['s']:.2f}x, warm "
                   f"{theirs['s'] / ours['warm']:.1f}x", flush=True)
+            drawn_ms[name]["the peer's own loader"] = theirs["s"] * 1e3
+            drawn_rss[name]["the peer's own loader"] = theirs["rss"] / 2**20
+    groups("peer_formats_first", drawn_ms, log=True, fmt="{:.3g} ms",
+           title=f"First shuffled batch on each peer's own files ({tokens:.0e} tokens; target "
+                 "zerobatch < 50 ms)", xlabel="ms from opening the files to the first batch (log)")
+    groups("peer_formats_memory", drawn_rss, fmt="{:.3g} MiB",
+           title=f"Peak RSS added to the first batch ({tokens:.0e} tokens; target zerobatch "
+                 "< 20 MB)", xlabel="MiB (zerobatch: includes mapped file pages)")
     if args.megatron_only:
         return
     print(f"\nshuffled tokens/s ({args.seconds:g} s each; HF: documents)")
     print(f"{'format':<10} {'peer loader':>14} {'zerobatch':>14} {'x peer':>8} {'/ native':>9}")
-    native = run(_zerobatch_rate(paths["native"], "windows", args.seconds))["tokens_s"]
-    native_docs = run(_zerobatch_rate(paths["native"], "docs", args.seconds))["tokens_s"]
+    native = run(_zerobatch_rate(paths["native"], "windows", args.seconds),
+                 paths["native"])["tokens_s"]
+    native_docs = run(_zerobatch_rate(paths["native"], "docs", args.seconds),
+                      paths["native"])["tokens_s"]
     rates = {
         "megatron": lambda p: _megatron_rate(p, tempfile.mkdtemp(prefix="zb-mcache-"),
                                              args.seconds),
@@ -377,23 +408,34 @@ def main() -> None:
         "litdata": lambda p: _litdata_rate(p, args.seconds),
         "hf": lambda p: _hf_rate(p, args.seconds),
     }
+    drawn_rates: dict[str, dict[str, float]] = {}  # format -> reader -> Mtok/s
     if mds_rate is not None:
         for mode in ("windows", "docs"):
-            ours = run(_zerobatch_rate(paths["mds"], mode, args.seconds))["tokens_s"]
+            ours = run(_zerobatch_rate(paths["mds"], mode, args.seconds),
+                       paths["mds"])["tokens_s"]
             base = native_docs if mode == "docs" else native
             print(f"{'mds ' + mode:<10} {mds_rate['tokens_s']:>14,.0f} {ours:>14,.0f} "
                   f"{ours / mds_rate['tokens_s']:>8.1f} {ours / base:>9.2f}", flush=True)
-        rates = {}  # --mds-only: no other peer
+            drawn_rates[f"mds {mode}"] = {"zerobatch Loader": ours / 1e6,
+                                          "the peer's own loader": mds_rate["tokens_s"] / 1e6}
+    if args.mds_only:
+        rates = {}  # no other peer
     for name, make in rates.items():
         if name not in paths:
             continue
         mode = "docs" if name == "hf" else "windows"
-        ours = run(_zerobatch_rate(paths[name], mode, args.seconds))["tokens_s"]
-        theirs = run(make(paths[name]))["tokens_s"]
+        ours = run(_zerobatch_rate(paths[name], mode, args.seconds), paths[name])["tokens_s"]
+        theirs = run(make(paths[name]), paths[name])["tokens_s"]
         base = native_docs if mode == "docs" else native
         print(f"{name:<10} {theirs:>14,.0f} {ours:>14,.0f} {ours / theirs:>8.1f} "
               f"{ours / base:>9.2f}", flush=True)
+        drawn_rates[name] = {"zerobatch Loader": ours / 1e6,
+                             "the peer's own loader": theirs / 1e6}
     print(f"{'native':<10} {'':>14} {native:>14,.0f} (documents: {native_docs:,.0f})")
+    drawn_rates["native (zerobatch's own files)"] = {"zerobatch Loader": native / 1e6}
+    groups("peer_formats_rates" + ("_mds" if args.mds_only else ""), drawn_rates, log=True,
+           fmt="{:.3g}", title=f"Shuffled tokens/s on each peer's files (batch {BATCH}, windows "
+                               f"of {SEQ}; HF: documents)", xlabel="M tokens/s (log)")
 
 
 if __name__ == "__main__":
