@@ -1897,6 +1897,8 @@ def main() -> None:
                              "default 10 x --timeout)")
     parser.add_argument("--out", type=Path, default=None, help="keep repros here")
     parser.add_argument("--engine", choices=("fork", "atheris"), default="fork")
+    parser.add_argument("--figure", default=None,
+                        help="also draw the outcomes per target into docs/img/FIGURE.png")
     args, rest = parser.parse_known_args()
     names = args.targets.split(",")
     if args.engine == "atheris":
@@ -1928,6 +1930,16 @@ def main() -> None:
         print(f"{target} {signature}: {example[:200]}")
     if args.out is not None:
         print(f"{len(report.repros)} repros under {args.out}")
+    if args.figure:
+        from _plot import groups  # matplotlib: only when a figure is asked for
+
+        totals = report.totals()
+        drawn = {f"{name} ({sum(totals[name].values()):,})": {
+            outcome: float(totals[name][outcome]) for outcome in OUTCOMES
+            if totals[name][outcome]} for name in elapsed}
+        groups(args.figure, drawn, log=True, fmt="{:,.0f}", xlabel="inputs (log)",
+               title=f"Hostile inputs per reader, by outcome (seed {args.seed}; anything but "
+                     "ok and format_error is an escape)")
 
 
 if __name__ == "__main__":
