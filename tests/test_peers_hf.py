@@ -6,6 +6,8 @@ from __future__ import annotations
 import datasets
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support._peers import check_against, check_each_once, upload
 
 from zerobatch import FormatError, open_dataset
@@ -56,6 +58,45 @@ def test_windows_and_documents_equal_load_from_disk(saved, name, column):
         check_each_once(ds)
         if name == "i32":
             assert len(ds.files.shards) > 2  # several record batches in each of two files
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.tuples(st.integers(0, 10**6), st.floats(0, 1)), min_size=1,
+                      max_size=64))
+def test_offsets_of_all_shards_at_once_equals_each_shards_own(saved, picks):
+    """A batch of documents touches a record batch (a shard) per document:
+    ``offsets_of`` reads every pair from the mapped files at once, and gives
+    what each shard's own lookup gives, across both files of the folder."""
+    with open_dataset(saved / "i32") as ds:
+        files = ds.files
+        assert files._flat is not None and len(set(files._flat[1])) == 2  # two files
+        shards = np.array([p % len(files.shards) for p, _ in picks], np.int64)
+        ids = np.array([round(f * files.shards[s].documents) for s, (_, f) in
+                        zip(shards.tolist(), picks, strict=True)], np.int64)
+        expected = [int(files.offsets(int(s), np.array([i]))[0]) for s, i in
+                    zip(shards.tolist(), ids.tolist(), strict=True)]
+        assert files.offsets_of(shards, ids).tolist() == expected
+
+
+def test_offsets_of_a_crafted_table_names_the_file(saved, tmp_path):
+    """An offsets table whose entry lies below the record batch's first offset
+    raises FormatError naming the file and column, on the one-call path too."""
+    import shutil
+
+    folder = tmp_path / "crafted"
+    shutil.copytree(saved / "i32", folder)
+    with open_dataset(folder) as ds:
+        at, _, dtype = ds.files._offsets[1]
+        first = ds.files._firsts[1]
+        name = ds.files.shards[1].tokens
+    with open(folder / name, "r+b") as handle:  # its fourth offset: below its first
+        handle.seek(at + 3 * dtype.itemsize)
+        handle.write(np.array([first - 1], dtype).tobytes())
+    with open_dataset(folder) as ds:
+        with pytest.raises(FormatError, match="before the batch's first row") as error:
+            ds.files.offsets_of(np.array([0, 1], np.int64), np.array([0, 3], np.int64))
+        assert error.value.path.endswith(name) and error.value.field == "input_ids"
 
 
 def test_one_arrow_file_and_errors(saved, tmp_path):

@@ -35,7 +35,7 @@ from zerobatch import _forksafe
 from zerobatch._text import format_table
 from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
-from zerobatch.peers._index import PeerIndex
+from zerobatch.peers._index import PeerIndex, by_shard
 from zerobatch.peers._lookup import Lookup
 from zerobatch.source import read_indices
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
@@ -197,6 +197,16 @@ class PeerFiles(ABC):
         read is unsound. This default reads ``whole``; a format with a boundary
         table reads only those entries."""
         return self.whole(shard)[ids]
+
+    def offsets_of(self, shards: npt.NDArray[np.int64], ids: npt.NDArray[np.int64]
+                   ) -> npt.NDArray[np.uint64]:
+        """``offsets`` of each ``(shards[i], ids[i])`` pair, shards in any order.
+        This default asks ``offsets`` once per shard present; a format whose
+        batches touch many shards answers all at once."""
+        out = np.zeros(shards.shape[0], OFFSET_DTYPE)
+        for s, where in by_shard(shards):
+            out[where] = self.offsets(s, ids[where])
+        return out
 
     def problems(self) -> list[Problem]:
         """Everything wrong with the files, in one pass over them (no tokens are

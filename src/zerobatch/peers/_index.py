@@ -31,7 +31,18 @@ from zerobatch.stream.index import ShardError
 from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE
 from zerobatch.stream.ranged import IndexView
 
-__all__ = ["Boundaries", "PeerIndex"]
+__all__ = ["Boundaries", "PeerIndex", "by_shard"]
+
+
+def by_shard(shards: npt.NDArray[np.int64]) -> list[tuple[int, np.ndarray]]:
+    """``(shard, positions)`` of each shard in ``shards``."""
+    if not shards.size:
+        return []
+    if (shards == shards[0]).all():
+        return [(int(shards[0]), np.arange(shards.shape[0]))]
+    order = np.argsort(shards, kind="stable")
+    cuts = np.flatnonzero(np.diff(shards[order])) + 1
+    return [(int(shards[group[0]]), group) for group in np.split(order, cuts)]
 
 
 class _Shard(Protocol):
@@ -56,6 +67,9 @@ class Boundaries(Protocol):
     def locate(self, shard: int, records: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]: ...
 
     def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]: ...
+
+    def offsets_of(self, shards: npt.NDArray[np.int64], ids: npt.NDArray[np.int64]
+                   ) -> npt.NDArray[np.uint64]: ...
 
 
 def _readonly(dtype: np.dtype) -> np.ndarray:
@@ -97,23 +111,13 @@ class PeerIndex:
                 starts = self._doc_starts
         return starts
 
-    def _by_shard(self, shards: npt.NDArray[np.int64]) -> list[tuple[int, np.ndarray]]:
-        """``(shard, positions)`` of each shard in ``shards``."""
-        if not shards.size:
-            return []
-        if (shards == shards[0]).all():
-            return [(int(shards[0]), np.arange(shards.shape[0]))]
-        order = np.argsort(shards, kind="stable")
-        cuts = np.flatnonzero(np.diff(shards[order])) + 1
-        return [(int(shards[group[0]]), group) for group in np.split(order, cuts)]
-
     def _locate(self, shards: npt.NDArray[np.int64], records: npt.NDArray[np.int64]
                 ) -> npt.NDArray[np.int64]:
         """Per (shard, record), the document holding it, clipped into the shard's
         documents (an unsound table then fails the kernels' checks)."""
         out = np.zeros(shards.shape[0], np.int64)
         counts = np.diff(self.doc_starts())
-        for s, where in self._by_shard(shards):
+        for s, where in by_shard(shards):
             found = self._files.locate(s, records[where])
             out[where] = np.clip(found, 0, max(int(counts[s]) - 1, 0))
         return out
@@ -121,10 +125,7 @@ class PeerIndex:
     def _gather(self, shards: npt.NDArray[np.int64], ids: npt.NDArray[np.int64]
                 ) -> npt.NDArray[np.uint64]:
         """Per (shard, document id), its offset."""
-        out = np.zeros(shards.shape[0], OFFSET_DTYPE)
-        for s, where in self._by_shard(shards):
-            out[where] = self._files.offsets(s, ids[where])
-        return out
+        return self._files.offsets_of(shards, ids)
 
     def view(
         self, pieces: npt.NDArray[np.int64], obs_begin: npt.NDArray[np.int64],

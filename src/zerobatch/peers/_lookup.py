@@ -65,16 +65,30 @@ class Lookup:
         """Whether entries are fetched by range (object storage) rather than mapped."""
         return self._blocks is not None
 
-    def _view(self, column: Column) -> np.ndarray:
-        raw = self._maps.get(column.name)
+    def _map(self, name: str) -> np.ndarray:
+        raw = self._maps.get(name)
         if raw is None:
             with self._lock:
-                raw = self._maps.get(column.name)
+                raw = self._maps.get(name)
                 if raw is None:
-                    raw = self._storage.map(column.name)
-                    self._maps[column.name] = raw
+                    raw = self._storage.map(name)
+                    self._maps[name] = raw
+        return raw
+
+    def _view(self, column: Column) -> np.ndarray:
         size = column.dtype.itemsize
-        return raw[column.at:column.at + column.count * size].view(column.dtype)
+        return self._map(column.name)[column.at:column.at + column.count * size].view(
+            column.dtype)
+
+    def entries(self, name: str, dtype: np.dtype, positions: npt.NDArray[np.int64]
+                ) -> np.ndarray:
+        """The entries at ``positions`` of file ``name`` read whole as ``dtype``
+        (entry ``i`` at byte ``i * dtype.itemsize``; each position inside the
+        file), for many columns of one file at once. Mapped files only."""
+        if self._blocks is not None:
+            raise TypeError("entries reads mapped files; over object storage use take")
+        raw = self._map(name)
+        return raw[:raw.shape[0] - raw.shape[0] % dtype.itemsize].view(dtype)[positions]
 
     def take(self, column: Column, positions: npt.NDArray[np.int64]) -> np.ndarray:
         """The entries at ``positions`` (each in ``[0, count)``)."""
