@@ -303,9 +303,13 @@ def _litdata_rate(path: Path, seconds: float) -> str:
 
 def _hf_rate(path: Path, seconds: float) -> str:
     make = _hf_first(path).split("batch = ds[")[0]
+    # an iterable, not a generator: the timed loop starts a new epoch when one ends
     return make + _timed_loop(
-        f"loader = (ds[order[i:i + {BATCH}].tolist()]['input_ids'] for i in "
-        f"range(0, len(order), {BATCH}))", "sum(len(x) for x in batch)", seconds)
+        "class Rows:\n"
+        "    def __iter__(self):\n"
+        f"        for i in range(0, len(order), {BATCH}):\n"
+        f"            yield ds[order[i:i + {BATCH}].tolist()]['input_ids']\n"
+        "loader = Rows()", "sum(len(x) for x in batch)", seconds)
 
 
 def _warm(path: Path) -> None:
