@@ -1938,8 +1938,8 @@ def main() -> None:
             outcome: float(totals[name][outcome]) for outcome in OUTCOMES
             if totals[name][outcome]} for name in elapsed}
         groups(args.figure, drawn, log=True, fmt="{:,.0f}", xlabel="inputs (log)",
-               title=f"Hostile inputs per reader, by outcome (seed {args.seed}; anything but "
-                     "ok and format_error is an escape)")
+               title=f"Hostile inputs per reader, by outcome (seed {args.seed}; ok, format_error "
+                     "and the service's error_reply are the accepted ones)")
 
 
 if __name__ == "__main__":
