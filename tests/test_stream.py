@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from test_stream_helpers import Corpus, random_corpus, write
 
 from zerobatch import stream
-from zerobatch.columnar import Batch, BatchMeta
+from zerobatch.columnar import Batch, BatchMeta, Jagged
 from zerobatch.shuffle import Feistel
 
 _settings = settings(max_examples=25, deadline=None,
@@ -36,6 +36,8 @@ def _same_as_validated(batch: Batch) -> None:
     assert batch.meta.extra_info == again.meta.extra_info == {}
     assert batch.meta.custom_meta == again.meta.custom_meta == {}
     for name in set(batch.fields) & {"cu_seqlens", "doc_ids"}:
+        if not isinstance(batch[name], Jagged):  # a document's id: one per row
+            continue
         assert batch[name].offsets[0] == 0 and (np.diff(batch[name].offsets) >= 0).all()
 
 
@@ -149,6 +151,32 @@ def test_documents(tmp_path_factory: pytest.TempPathFactory, seed: int, shard_to
         want = [(a, min(b, limit), v) for a, b, v in corpus.spans[i] if a < limit]
         assert batch["metadata"][row] == want
     assert batch["doc_ids"].tolist() == order.tolist()
+
+
+@_settings
+@given(seed=st.integers(0, 2**32 - 1), shard_tokens=st.integers(1, 80),
+       max_len=st.sampled_from([None, 1, 7]), dtype=st.sampled_from(["int64", "int32"]),
+       token_dtype=st.sampled_from(["<u2", "<u4"]))
+def test_plain_documents_are_built_as_from_columns_builds_them(
+        tmp_path_factory: pytest.TempPathFactory, seed: int, shard_tokens: int,
+        max_len: int | None, dtype: str, token_dtype: str) -> None:
+    """Documents of tokens alone (no fields, no metadata) skip the batch's
+    checks: what they build equals what the checked constructors build, rows
+    included, for any order with repeats and any max_len."""
+    rng = np.random.default_rng(seed)
+    corpus = random_corpus(rng, docs=20, max_len=30)
+    path = write(tmp_path_factory.mktemp("ds") / "ds", corpus, metadata=None, mask=False,
+                 shard_tokens=shard_tokens, token_dtype=token_dtype)
+    documents = stream.open_dataset(path).documents(max_len=max_len, dtype=dtype)
+    assert documents._trusted_dtype is not None  # the unchecked path
+    order = rng.integers(0, 20, size=int(rng.integers(0, 40)))
+    batch = documents.read(order)
+    _same_as_validated(batch)
+    assert batch.fields == ["input_ids", "doc_ids"] and batch["input_ids"].dtype == dtype
+    limit = max_len or 10**9
+    for row, i in enumerate(order.tolist()):
+        np.testing.assert_array_equal(batch["input_ids"][row], corpus.docs[i][:limit])
+    assert batch["doc_ids"].tolist() == order.tolist() == batch.meta.global_indexes
 
 
 def test_document_metadata(tmp_path: Path) -> None:

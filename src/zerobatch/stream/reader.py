@@ -66,6 +66,10 @@ _METADATA_SCHEMA = FieldSchema("objects", "Spans")  # per window, its (start, en
 _EMPTY_METADATA_SCHEMA = FieldSchema("objects", "object")  # what from_columns infers for []
 
 
+_DOC_IDS_SCHEMA = normalize_column("doc_ids", np.zeros(0, np.int64))[1]
+"""The schema ``Batch.from_columns`` infers for a batch's ``doc_ids``."""
+
+
 def _indices(indices: Any) -> npt.NDArray[np.int64]:
     array = np.asarray(indices)
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
@@ -896,6 +900,12 @@ class Documents:
         self._ds = dataset
         self._max_len = max_len
         self._dtype = output_dtype(dtype)
+        # Batches of cast tokens and ids alone (no fields, no metadata) are built
+        # valid: this is the dtype Batch.from_columns would store their values as.
+        self._trusted_dtype = (
+            None if self._dtype is None or dataset.manifest.fields or dataset.has_metadata
+            else normalize_column("input_ids", Jagged._unchecked(
+                np.zeros(0, self._dtype), np.zeros(1, np.int64)))[1].dtype)
 
     def __len__(self) -> int:
         return self._ds.num_documents
@@ -978,6 +988,12 @@ class Documents:
         if self._dtype is not None:
             values, _ = carve(buffer, offset, self._dtype, (total,))
             np.copyto(values, tokens, casting="unsafe")
+        if self._trusted_dtype is not None:  # Batch.from_columns's result, unchecked
+            tokens_column = Jagged._unchecked(values, offsets)
+            return Batch._trusted({"input_ids": tokens_column, "doc_ids": idx}, idx, {
+                "input_ids": FieldSchema("jagged", self._trusted_dtype, (),
+                                         tokens_column.lengths),
+                "doc_ids": _DOC_IDS_SCHEMA})
         columns: dict[str, Any] = {"input_ids": Jagged(values, offsets), "doc_ids": idx}
         for name in ds.manifest.fields:
             columns[name] = Jagged(records[name], offsets)
