@@ -79,6 +79,26 @@ def test_offsets_of_all_shards_at_once_equals_each_shards_own(saved, picks):
         assert files.offsets_of(shards, ids).tolist() == expected
 
 
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(picks=st.lists(st.integers(-3, 2400), max_size=48),
+       max_len=st.sampled_from([0, 1, 5, 30]))
+def test_documents_planned_in_one_kernel_as_shard_by_shard(saved, picks, max_len):
+    """The one-kernel plan over the mapped offsets gives the generic plan's
+    pieces, offsets and errors (an index out of range), any order, repeats
+    and empty documents included."""
+    with open_dataset(saved / "i32") as ds:
+        index = ds._index
+        assert ds.files.document_tables() is not None
+        indices = np.array(picks, np.int64)
+        fast = index.plan_documents(indices, max_len)
+        ds.files._flat = None  # the generic path: offsets_of shard by shard
+        slow = index.plan_documents(indices, max_len)
+        np.testing.assert_array_equal(fast[0], slow[0])
+        np.testing.assert_array_equal(fast[1], slow[1])
+        assert fast[2:] == slow[2:]
+
+
 def test_offsets_of_a_crafted_table_names_the_file(saved, tmp_path):
     """An offsets table whose entry lies below the record batch's first offset
     raises FormatError naming the file and column, on the one-call path too."""
@@ -97,6 +117,9 @@ def test_offsets_of_a_crafted_table_names_the_file(saved, tmp_path):
         with pytest.raises(FormatError, match="before the batch's first row") as error:
             ds.files.offsets_of(np.array([0, 1], np.int64), np.array([0, 3], np.int64))
         assert error.value.path.endswith(name) and error.value.field == "input_ids"
+        with pytest.raises(FormatError) as error:  # reading them: the one-kernel plan
+            ds.documents().read(np.arange(ds.num_documents))
+        assert error.value.path.endswith(name)
 
 
 def test_one_arrow_file_and_errors(saved, tmp_path):

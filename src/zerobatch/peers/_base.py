@@ -198,6 +198,12 @@ class PeerFiles(ABC):
         table reads only those entries."""
         return self.whole(shard)[ids]
 
+    def document_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None:
+        """Every shard's offsets as runs of a few mapped arrays, for
+        ``_kernels.plan_mapped_documents`` (see ``HFFiles``), or None: this
+        default, where a batch's documents are planned from ``offsets_of``."""
+        return None
+
     def offsets_of(self, shards: npt.NDArray[np.int64], ids: npt.NDArray[np.int64]
                    ) -> npt.NDArray[np.uint64]:
         """``offsets`` of each ``(shards[i], ids[i])`` pair, shards in any order.

@@ -23,9 +23,10 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+from numba import typed
 
 from zerobatch import _forksafe
-from zerobatch.peers._kernels import piece_tables
+from zerobatch.peers._kernels import piece_tables, plan_mapped_documents
 from zerobatch.stream import _kernels as k
 from zerobatch.stream.index import ShardError
 from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE
@@ -70,6 +71,8 @@ class Boundaries(Protocol):
 
     def offsets_of(self, shards: npt.NDArray[np.int64], ids: npt.NDArray[np.int64]
                    ) -> npt.NDArray[np.uint64]: ...
+
+    def document_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None: ...
 
 
 def _readonly(dtype: np.dtype) -> np.ndarray:
@@ -225,8 +228,13 @@ class PeerIndex:
     ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
         """``_kernels.plan_documents``'s result for document ``indices``, from two
         offsets per document; an empty document gets no piece and an empty row."""
-        count = indices.shape[0]
         starts = self.doc_starts()
+        mapped = self._files.document_tables()
+        if mapped is not None:  # one kernel call (Hugging Face's record batches)
+            files, entries, firsts, tables = mapped
+            return plan_mapped_documents(indices, starts, files, entries, firsts,
+                                         self._records, tables, max_len)
+        count = indices.shape[0]
         offsets = np.zeros(count + 1, np.int64)
         bad = np.flatnonzero((indices < 0) | (indices >= starts[-1]))
         if bad.size or count == 0:

@@ -8,8 +8,15 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, typed
 
+from zerobatch.stream import _kernels as stream_kernels
+
 __all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "OK", "gather", "mds_check", "mds_pieces",
-           "megatron_offsets", "piece_tables", "search_right"]
+           "megatron_offsets", "piece_tables", "plan_mapped_documents", "search_right"]
+
+_OBS, _SHARD, _START, _LENGTH, _DEST = (stream_kernels.OBS, stream_kernels.SHARD,
+                                        stream_kernels.START, stream_kernels.LENGTH,
+                                        stream_kernels.DEST)
+_DOCS_OK, _BAD_DOCS = stream_kernels.OK, stream_kernels.BAD_DOCS
 
 OK, BAD_LENGTH, BAD_POINTER, BAD_INDICES = 0, 1, 2, 3
 
@@ -217,3 +224,55 @@ def piece_tables(values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     for i in range(starts.shape[0]):
         out.append(values[starts[i]:ends[i]])
     return out
+
+
+@njit(nogil=True, cache=True)
+def plan_mapped_documents(
+    indices: np.ndarray, starts: np.ndarray, files: np.ndarray, entries: np.ndarray,
+    firsts: np.ndarray, records: np.ndarray, tables: typed.List, max_len: int,
+) -> tuple[np.ndarray, np.ndarray, int, int, int]:
+    """``stream._kernels.plan_documents``'s result for documents whose offsets
+    lie in mapped files: shard ``s``'s documents are ``starts[s]`` to
+    ``starts[s + 1]`` (global ids), and document ``d`` of it spans tokens
+    ``tables[files[s]][entries[s] + d] - firsts[s]`` to the next entry's
+    (Hugging Face's record batches: one list-offset table each). Returns
+    ``(pieces, offsets, bad index or -1, code, shard)``; an offset below
+    the shard's first, going back or past its ``records`` is ``BAD_DOCS``;
+    an empty document gets no piece and an empty row."""
+    count = indices.shape[0]
+    offsets = np.zeros(count + 1, np.int64)
+    pieces = np.empty((count, 5), np.int64)
+    documents = starts[starts.shape[0] - 1]
+    for b in range(count):
+        if indices[b] < 0 or indices[b] >= documents:
+            return pieces[:0], offsets, b, _DOCS_OK, 0
+    kept = 0
+    for b in range(count):
+        i = indices[b]
+        lo, hi = 0, starts.shape[0]  # the last shard whose first document is at or below i
+        while lo < hi:
+            middle = (lo + hi) >> 1
+            if starts[middle] <= i:
+                lo = middle + 1
+            else:
+                hi = middle
+        s = lo - 1
+        table = tables[files[s]]
+        at = entries[s] + i - starts[s]
+        begin = np.int64(table[at]) - firsts[s]
+        end = np.int64(table[at + 1]) - firsts[s]
+        if begin < 0 or end < begin or end > records[s]:
+            offsets[:] = 0
+            return pieces[:0], offsets, -1, _BAD_DOCS, s
+        length = end - begin
+        if 0 < max_len < length:
+            length = max_len
+        offsets[b + 1] = offsets[b] + length
+        if length > 0:
+            pieces[kept, _OBS] = b
+            pieces[kept, _SHARD] = s
+            pieces[kept, _START] = begin
+            pieces[kept, _LENGTH] = length
+            pieces[kept, _DEST] = offsets[b]
+            kept += 1
+    return pieces[:kept], offsets, -1, _DOCS_OK, 0

@@ -80,15 +80,14 @@ class Lookup:
         return self._map(column.name)[column.at:column.at + column.count * size].view(
             column.dtype)
 
-    def entries(self, name: str, dtype: np.dtype, positions: npt.NDArray[np.int64]
-                ) -> np.ndarray:
-        """The entries at ``positions`` of file ``name`` read whole as ``dtype``
-        (entry ``i`` at byte ``i * dtype.itemsize``; each position inside the
-        file), for many columns of one file at once. Mapped files only."""
+    def whole(self, name: str, dtype: np.dtype) -> np.ndarray:
+        """File ``name`` as one array of ``dtype`` entries (entry ``i`` at byte
+        ``i * dtype.itemsize``), for many columns of one file at once: mapped
+        files only."""
         if self._blocks is not None:
-            raise TypeError("entries reads mapped files; over object storage use take")
+            raise TypeError("whole maps local files; over object storage use take")
         raw = self._map(name)
-        return raw[:raw.shape[0] - raw.shape[0] % dtype.itemsize].view(dtype)[positions]
+        return raw[:raw.shape[0] - raw.shape[0] % dtype.itemsize].view(dtype)
 
     def take(self, column: Column, positions: npt.NDArray[np.int64]) -> np.ndarray:
         """The entries at ``positions`` (each in ``[0, count)``)."""

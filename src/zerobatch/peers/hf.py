@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from numba import typed
 
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
@@ -124,6 +125,7 @@ class HFFiles(PeerFiles):
         self.dtype = dtypes.pop() if dtypes else np.dtype("<i8")
         self.shards = tuple(shards)
         self._flat = self._flat_offsets()
+        self._tables: tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None = None
 
     def _walk(self, name: str, shards: list[PeerShard]) -> np.dtype | None:
         """Append ``name``'s record batches to ``shards``; its token dtype."""
@@ -263,7 +265,7 @@ class HFFiles(PeerFiles):
         positions = starts[shards] + ids
         found = np.empty(shards.shape[0], np.int64)
         for f, where in by_shard(which):
-            found[where] = self.lookup.entries(names[f], dtype, positions[where])
+            found[where] = self.lookup.whole(names[f], dtype)[positions[where]]
         found -= firsts[shards]
         bad = np.flatnonzero(found < 0)
         if bad.size:
@@ -271,6 +273,21 @@ class HFFiles(PeerFiles):
                               path=self.path(self.shards[int(shards[bad[0]])].tokens),
                               field=self._column)
         return found.astype(np.uint64)
+
+    def document_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None:
+        """Every record batch's list offsets in the mapped files, for
+        ``_kernels.plan_mapped_documents``: per shard its file and first entry
+        in it and its first offset, and each file as one array of offsets.
+        None where ``offsets_of`` goes shard by shard."""
+        flat = self._flat
+        if flat is None:
+            return None
+        tables = self._tables
+        if tables is None:
+            files, names, starts, _, firsts, dtype = flat
+            arrays = typed.List([self.lookup.whole(name, dtype) for name in names])
+            tables = self._tables = (files, starts, firsts, arrays)
+        return tables
 
     def _flat_offsets(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray,
                                      np.dtype] | None:
