@@ -35,7 +35,7 @@ from zerobatch import _forksafe
 from zerobatch._text import format_table
 from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
-from zerobatch.peers._index import PeerIndex, by_shard
+from zerobatch.peers._index import DocumentTables, PeerIndex, by_shard
 from zerobatch.peers._lookup import Lookup
 from zerobatch.source import read_indices
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
@@ -198,8 +198,8 @@ class PeerFiles(ABC):
         table reads only those entries."""
         return self.whole(shard)[ids]
 
-    def document_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None:
-        """Every shard's offsets as runs of a few mapped arrays, for
+    def document_tables(self) -> DocumentTables | None:
+        """Every shard's offsets as runs of a few mapped files, for
         ``_kernels.plan_mapped_documents`` (see ``HFFiles``), or None: this
         default, where a batch's documents are planned from ``offsets_of``."""
         return None

@@ -19,11 +19,10 @@ offsets and id. ``plan_documents`` reads an empty document as an empty row.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from numba import typed
 
 from zerobatch import _forksafe
 from zerobatch.peers._kernels import piece_tables, plan_mapped_documents
@@ -32,7 +31,7 @@ from zerobatch.stream.index import ShardError
 from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE
 from zerobatch.stream.ranged import IndexView
 
-__all__ = ["Boundaries", "PeerIndex", "by_shard"]
+__all__ = ["Boundaries", "DocumentTables", "PeerIndex", "by_shard"]
 
 
 def by_shard(shards: npt.NDArray[np.int64]) -> list[tuple[int, np.ndarray]]:
@@ -44,6 +43,18 @@ def by_shard(shards: npt.NDArray[np.int64]) -> list[tuple[int, np.ndarray]]:
     order = np.argsort(shards, kind="stable")
     cuts = np.flatnonzero(np.diff(shards[order])) + 1
     return [(int(shards[group[0]]), group) for group in np.split(order, cuts)]
+
+
+class DocumentTables(NamedTuple):
+    """Where ``_kernels.plan_mapped_documents`` reads a format's document
+    offsets: runs of entries of a few mapped files."""
+
+    files: npt.NDArray[np.int64]  # per shard: its file
+    entries: npt.NDArray[np.int64]  # per shard: its first entry in that file
+    firsts: npt.NDArray[np.int64]  # per shard: its first offset (subtracted)
+    addresses: npt.NDArray[np.int64]  # per file: its mapping's address (held by the owner)
+    counts: npt.NDArray[np.int64]  # per file: its entries
+    like: np.ndarray  # an empty array of the entries' dtype
 
 
 class _Shard(Protocol):
@@ -72,7 +83,7 @@ class Boundaries(Protocol):
     def offsets_of(self, shards: npt.NDArray[np.int64], ids: npt.NDArray[np.int64]
                    ) -> npt.NDArray[np.uint64]: ...
 
-    def document_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None: ...
+    def document_tables(self) -> DocumentTables | None: ...
 
 
 def _readonly(dtype: np.dtype) -> np.ndarray:
@@ -231,9 +242,9 @@ class PeerIndex:
         starts = self.doc_starts()
         mapped = self._files.document_tables()
         if mapped is not None:  # one kernel call (Hugging Face's record batches)
-            files, entries, firsts, tables = mapped
-            return plan_mapped_documents(indices, starts, files, entries, firsts,
-                                         self._records, tables, max_len)
+            return plan_mapped_documents(indices, starts, mapped.files, mapped.entries,
+                                         mapped.firsts, self._records, mapped.addresses,
+                                         mapped.counts, mapped.like, max_len)
         count = indices.shape[0]
         offsets = np.zeros(count + 1, np.int64)
         bad = np.flatnonzero((indices < 0) | (indices >= starts[-1]))

@@ -5,9 +5,11 @@ turn it into a ``FormatError`` naming the file and field."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 from numba import njit, typed
 
+from zerobatch.storage.local import _pointer
 from zerobatch.stream import _kernels as stream_kernels
 
 __all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "OK", "gather", "mds_check", "mds_pieces",
@@ -229,16 +231,19 @@ def piece_tables(values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
 @njit(nogil=True, cache=True)
 def plan_mapped_documents(
     indices: np.ndarray, starts: np.ndarray, files: np.ndarray, entries: np.ndarray,
-    firsts: np.ndarray, records: np.ndarray, tables: typed.List, max_len: int,
+    firsts: np.ndarray, records: np.ndarray, addresses: np.ndarray, counts: np.ndarray,
+    like: np.ndarray, max_len: int,
 ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
     """``stream._kernels.plan_documents``'s result for documents whose offsets
     lie in mapped files: shard ``s``'s documents are ``starts[s]`` to
     ``starts[s + 1]`` (global ids), and document ``d`` of it spans tokens
-    ``tables[files[s]][entries[s] + d] - firsts[s]`` to the next entry's
-    (Hugging Face's record batches: one list-offset table each). Returns
-    ``(pieces, offsets, bad index or -1, code, shard)``; an offset below
-    the shard's first, going back or past its ``records`` is ``BAD_DOCS``;
-    an empty document gets no piece and an empty row."""
+    ``table[entries[s] + d] - firsts[s]`` to the next entry's, where ``table``
+    is the ``counts[files[s]]`` entries of ``like``'s dtype mapped at
+    ``addresses[files[s]]`` (Hugging Face's record batches: a list-offset
+    table each; the caller keeps the mappings alive). Returns ``(pieces,
+    offsets, bad index or -1, code, shard)``; an entry outside its table, an
+    offset below the shard's first, going back or past its ``records`` is
+    ``BAD_DOCS``; an empty document gets no piece and an empty row."""
     count = indices.shape[0]
     offsets = np.zeros(count + 1, np.int64)
     pieces = np.empty((count, 5), np.int64)
@@ -257,8 +262,12 @@ def plan_mapped_documents(
             else:
                 hi = middle
         s = lo - 1
-        table = tables[files[s]]
+        f = files[s]
         at = entries[s] + i - starts[s]
+        if at < 0 or at + 1 >= counts[f]:
+            offsets[:] = 0
+            return pieces[:0], offsets, -1, _BAD_DOCS, s
+        table = numba.carray(_pointer(addresses[f]), counts[f], like.dtype)
         begin = np.int64(table[at]) - firsts[s]
         end = np.int64(table[at + 1]) - firsts[s]
         if begin < 0 or end < begin or end > records[s]:

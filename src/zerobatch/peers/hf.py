@@ -33,12 +33,11 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from numba import typed
 
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
-from zerobatch.peers._index import by_shard
+from zerobatch.peers._index import DocumentTables, by_shard
 from zerobatch.peers._lookup import Column
 from zerobatch.peers.arrow_ipc import read_batches
 from zerobatch.storage import join
@@ -125,7 +124,7 @@ class HFFiles(PeerFiles):
         self.dtype = dtypes.pop() if dtypes else np.dtype("<i8")
         self.shards = tuple(shards)
         self._flat = self._flat_offsets()
-        self._tables: tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None = None
+        self._tables: DocumentTables | None = None
 
     def _walk(self, name: str, shards: list[PeerShard]) -> np.dtype | None:
         """Append ``name``'s record batches to ``shards``; its token dtype."""
@@ -274,19 +273,22 @@ class HFFiles(PeerFiles):
                               field=self._column)
         return found.astype(np.uint64)
 
-    def document_tables(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, typed.List] | None:
+    def document_tables(self) -> DocumentTables | None:
         """Every record batch's list offsets in the mapped files, for
-        ``_kernels.plan_mapped_documents``: per shard its file and first entry
-        in it and its first offset, and each file as one array of offsets.
-        None where ``offsets_of`` goes shard by shard."""
+        ``_kernels.plan_mapped_documents``: per shard its file, its first
+        entry there and its first offset; per file its mapping's address and
+        entries; an empty array of the offsets' dtype. None where
+        ``offsets_of`` goes shard by shard."""
         flat = self._flat
         if flat is None:
             return None
         tables = self._tables
         if tables is None:
             files, names, starts, _, firsts, dtype = flat
-            arrays = typed.List([self.lookup.whole(name, dtype) for name in names])
-            tables = self._tables = (files, starts, firsts, arrays)
+            arrays = [self.lookup.whole(name, dtype) for name in names]  # held by the lookup
+            tables = self._tables = DocumentTables(
+                files, starts, firsts, np.array([a.ctypes.data for a in arrays], np.int64),
+                np.array([a.shape[0] for a in arrays], np.int64), np.zeros(0, dtype))
         return tables
 
     def _flat_offsets(self) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray, np.ndarray,
