@@ -83,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _files import warm
 from _plot import bars, lines
 
 from zerobatch import Batch, Loader, StreamWriter, open_dataset
@@ -103,14 +104,6 @@ def _write(path: Path, tokens: int) -> None:
     with StreamWriter(path, shard_tokens=2 * tokens) as writer:
         for i in range(len(lengths)):
             writer.add_document(data[starts[i] : starts[i + 1]])
-
-
-def _warm(path: Path) -> None:
-    for file in path.iterdir():
-        if file.is_file():
-            with open(file, "rb") as handle:
-                while handle.read(1 << 24):
-                    pass
 
 
 def _time(run: Callable[[], int]) -> tuple[float, float]:
@@ -720,7 +713,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="zerobatch-loader-bench-"))
     try:
         _write(work / "corpus", args.tokens)
-        _warm(work / "corpus")
+        warm(work / "corpus")
         if args.pictures:
             _pictures(open_dataset(work / "corpus").windows(SEQ_LEN, columns=COLUMNS))
             return

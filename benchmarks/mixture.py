@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _files import warm
 from _plot import bars, groups, lines
 
 DOCUMENT_MASKING = ("position_ids", "cu_seqlens", "max_seqlen")
@@ -162,14 +163,6 @@ def _datasets(root: Path, count: int) -> None:
             shutil.copytree(first, root / f"d{i}")
 
 
-def _warm(root: Path) -> None:
-    """Read every file under ``root`` into the page cache (the machine's memory
-    reclaim evicts files idle for minutes; the target is start-up, not the disk)."""
-    for path in root.rglob("*"):
-        if path.is_file():
-            path.read_bytes()
-
-
 def startup(megatron_max: int, sizes: list[int], counts: list[int],
             kinds: tuple[str, ...] = ("windows", "noop"), megatron: bool = True) -> None:
     """Start-up to the first batch of 512 (``Loader(num_threads=0)``: nothing
@@ -208,7 +201,7 @@ def startup(megatron_max: int, sizes: list[int], counts: list[int],
                     note = " (megatron extrapolated)"
                 for kind in kinds:
                     if kind == "windows":
-                        _warm(root)
+                        warm(root)
                     ours = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "time")
                     memory = _run(_STARTUP_ZEROBATCH, size, count, kind, root, "memory")
                     peak = memory["peak"] - memory["batch"]  # the mixture's, not the tokens

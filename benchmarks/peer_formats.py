@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _files import warm
 from _plot import groups
 
 SEQ, BATCH = 2048, 8
@@ -312,22 +313,10 @@ def _hf_rate(path: Path, seconds: float) -> str:
         "loader = Rows()", "sum(len(x) for x in batch)", seconds)
 
 
-def _warm(path: Path) -> None:
-    """Read every file of ``path``'s corpus into the page cache: a machine's
-    memory reclaim evicts files idle for minutes, and whichever loader ran
-    first on a format would read the disk for the others."""
-    folder = path if path.is_dir() else path.parent
-    for file in folder.rglob("*"):
-        if file.is_file():
-            with open(file, "rb") as handle:
-                while handle.read(16 << 20):
-                    pass
-
-
 def run(code: str, path: Path) -> dict[str, float]:
-    """Run ``code`` in a fresh interpreter, ``path``'s files warm first (see
-    ``_warm``); its last line of JSON."""
-    _warm(path)
+    """Run ``code`` in a fresh interpreter, ``path``'s files in the page cache
+    first (``_files.warm``); its last line of JSON."""
+    warm(path)
     done = subprocess.run([sys.executable, "-c", _PRELUDE + code], capture_output=True,
                           text=True, timeout=3600, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
@@ -367,7 +356,7 @@ def main() -> None:
     for name, path in paths.items():
         mode = "docs" if name == "hf" else "windows"
         if name == "mds":  # its first batch and rate in one run of its environment
-            _warm(path)
+            warm(path)
             mds_rate = _mds(path, args.seconds)
         ours = run(_zerobatch_first(path, mode), path)
         first[name] = ours

@@ -44,8 +44,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _files import warm
 from _plot import bars
-from peer_formats import BATCH, SEQ, _warm, build
+from peer_formats import BATCH, SEQ, build
 
 
 def _datatrove(path: Path, batch_size: int) -> Callable[[], Iterator[Any]]:
@@ -123,7 +124,7 @@ def main() -> None:
         "zerobatch native": _zerobatch(paths["native"], args.batch),
     }
     for path in paths.values():
-        _warm(path)  # in the page cache: the rounds compare loaders, not the disk
+        warm(path)  # in the page cache: the rounds compare loaders, not the disk
     streams = {name: _Stream(make) for name, make in loaders.items()}
     for stream in streams.values():
         stream.take(2)  # imports, first opens and kernels, untimed

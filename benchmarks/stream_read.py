@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+from _files import warm
 from _plot import bars
 from numpy.lib.stride_tricks import as_strided
 
@@ -102,16 +103,6 @@ def _as_version_1(path: Path, target: Path) -> Path:
         (target / f"{shard['name']}.meta.spans").unlink()
     (target / "manifest.json").write_text(json.dumps(manifest))
     return target
-
-
-def _warm(path: Path) -> int:
-    """Read every file once (into the page cache); returns the dataset's bytes."""
-    total = 0
-    for file in path.iterdir():
-        with open(file, "rb") as handle:
-            while chunk := handle.read(1 << 24):
-                total += len(chunk)
-    return total
 
 
 def _best_rates(steps: dict[str, Step], seconds: float, rounds: int = 10) -> dict[str, float]:
@@ -420,7 +411,7 @@ def main() -> None:
         plain, ids, one = root / "plain", root / "ids", root / "one"
         # One shard, so the baselines can index the same bytes through one memmap.
         _write(plain, args.tokens, values=None, shard_tokens=2 * args.tokens)
-        _warm(plain)
+        warm(plain)
         targets = _targets(plain)
         threads = _threads(plain, args.seconds)
         cold = _cold_start(plain)
@@ -428,7 +419,7 @@ def main() -> None:
             _write(ids, args.tokens // 3, values="ids", shard_tokens=1 << 24)
             _write(one, args.tokens // 3, values="id", shard_tokens=1 << 24)
             one_v1 = _as_version_1(one, root / "one-v1")
-            sizes = [_warm(p) >> 20 for p in (plain, ids, one, one_v1)]
+            sizes = [warm(p) >> 20 for p in (plain, ids, one, one_v1)]
             rates = _all_rates(plain, ids, one, one_v1, args.seconds)
     finally:
         shutil.rmtree(root)
