@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -20,10 +21,18 @@ import matplotlib
 matplotlib.use("Agg")  # headless: no display on a build machine
 import matplotlib.pyplot as plt
 
-__all__ = ["IMAGES", "bars", "footer", "groups", "lines"]
+__all__ = ["IMAGES", "bars", "footer", "groups", "lines", "scratch_images"]
 
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "img"
 """Where the figures go (committed, shown in BENCHMARKS.md and the README)."""
+
+
+def scratch_images() -> Path:
+    """Send this process's figures to a temporary folder instead (smoke runs:
+    ``--quick`` must not replace the committed figures); returns it."""
+    global IMAGES
+    IMAGES = Path(tempfile.mkdtemp(prefix="zerobatch-figures-"))
+    return IMAGES
 
 _OURS = "#1f6feb"  # zerobatch's bars
 _LIMIT = "#57606a"  # the limit's bar and line

@@ -84,7 +84,7 @@ from typing import Any
 
 import numpy as np
 from _files import warm
-from _plot import bars, lines
+from _plot import bars, lines, scratch_images
 
 from zerobatch import Batch, Loader, StreamWriter, open_dataset
 from zerobatch.plan import Plan
@@ -707,6 +707,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.tokens, args.steps, args.passes = 8_000_000, 50, 3
+        scratch_images()
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     print(f"nproc={os.cpu_count()}  RAM={ram:.1f} GiB  load={os.getloadavg()[0]:.2f}  "
           f"{time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC\n")

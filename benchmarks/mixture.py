@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 from _files import warm
-from _plot import bars, groups, lines
+from _plot import bars, groups, lines, scratch_images
 
 DOCUMENT_MASKING = ("position_ids", "cu_seqlens", "max_seqlen")
 
@@ -437,6 +437,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"nproc={os.cpu_count()} load={os.getloadavg()} date={time.strftime('%Y-%m-%d %H:%M')}")
     if args.quick:
+        scratch_images()
         startup(10**10, [10**5], [100], ("windows",))
         throughput(2_000_000, 20, 512, 16, 1, ("input_ids", "labels"), (0,))
         proportions(50, 512, 20)

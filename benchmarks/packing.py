@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _plot import bars, groups
+from _plot import bars, groups, scratch_images
 from datasets.utils.logging import disable_progress_bar
 from numba import njit
 
@@ -367,6 +367,8 @@ def main() -> None:
                         "3 Loader throughput")
     args = parser.parse_args()
     parts = set(args.part or (1, 2, 3))
+    if args.quick:
+        scratch_images()
     disable_progress_bar()
     trl = not args.no_trl
     if trl and parts & {1, 2}:
