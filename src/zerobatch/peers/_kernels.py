@@ -64,6 +64,19 @@ def megatron_offsets(
     return out[:count], OK, 0
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _count_at_or_below(table: np.ndarray, value: int) -> int:
+    """How many entries of the sorted ``table`` are at or below ``value``."""
+    lo, hi = 0, table.shape[0]
+    while lo < hi:
+        middle = (lo + hi) >> 1
+        if table[middle] <= value:
+            lo = middle + 1
+        else:
+            hi = middle
+    return lo
+
+
 @njit(nogil=True, cache=True)
 def search_right(table: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per value, how many entries of the sorted ``table`` are at or below it
@@ -72,15 +85,7 @@ def search_right(table: np.ndarray, values: np.ndarray) -> np.ndarray:
     touching O(log n) entries per value, where NumPy copies the whole table."""
     out = np.empty(values.shape[0], np.int64)
     for q in range(values.shape[0]):
-        lo, hi = 0, table.shape[0]
-        value = values[q]
-        while lo < hi:
-            middle = (lo + hi) >> 1
-            if table[middle] <= value:
-                lo = middle + 1
-            else:
-                hi = middle
-        out[q] = lo
+        out[q] = _count_at_or_below(table, values[q])
     return out
 
 
@@ -254,14 +259,7 @@ def plan_mapped_documents(
     kept = 0
     for b in range(count):
         i = indices[b]
-        lo, hi = 0, starts.shape[0]  # the last shard whose first document is at or below i
-        while lo < hi:
-            middle = (lo + hi) >> 1
-            if starts[middle] <= i:
-                lo = middle + 1
-            else:
-                hi = middle
-        s = lo - 1
+        s = _count_at_or_below(starts, i) - 1  # the last shard starting at or below i
         f = files[s]
         at = entries[s] + i - starts[s]
         if at < 0 or at + 1 >= counts[f]:

@@ -453,9 +453,10 @@ def _raise_descriptor_limit() -> tuple[int, int] | None:
 _UNTRACKED: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
-def _map(descriptor: int, path: str) -> np.ndarray:
-    """The whole file read-only, as uint8 (an empty array for an empty file)."""
-    if os.fstat(descriptor).st_size == 0:
+def _map(descriptor: int, path: str, size: int) -> np.ndarray:
+    """The whole file of ``size`` bytes read-only, as uint8 (an empty array for
+    an empty file)."""
+    if size == 0:
         empty = np.zeros(0, dtype=np.uint8)
         empty.setflags(write=False)  # like a mapping: one array type for Numba
         return empty
@@ -524,7 +525,7 @@ class LocalStorage:
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(descriptor, 0, 0, os.POSIX_FADV_RANDOM)
                     size = os.fstat(descriptor).st_size
-                    mapping = (_map(descriptor, self._prefix + name)
+                    mapping = (_map(descriptor, self._prefix + name, size)
                                if self._method == "mmap" and size >= MAP_FROM else None)
                 except BaseException:
                     os.close(descriptor)
@@ -589,7 +590,7 @@ class LocalStorage:
         path = self._prefix + name
         descriptor = open_descriptor(path)
         try:
-            return _map(descriptor, path)
+            return _map(descriptor, path, os.fstat(descriptor).st_size)
         finally:
             os.close(descriptor)
 
