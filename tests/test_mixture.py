@@ -200,6 +200,20 @@ def test_the_row_kernels_equal_the_pure_order(case: Any, data: Any) -> None:
     assert order.observe(positions, table)[2] == (int(late[0]) if late.size else -1)
 
 
+def test_positions_out_of_order_past_the_step_blocks():
+    """Positions that do not ascend: the first and the last in one block, one
+    between them in the next. The step kernels had read it from the first
+    block's layout (found by hypothesis: observation 0 twice)."""
+    order = MixtureOrder(["a", "b"], [2, 1], [Stage(0, {"a": 1.0}, block_size=1)], seed=0)
+    positions = np.array([0, 1, 0], dtype=np.int64)
+    sources, _, index = order.observations(positions)
+    got_sources, got_index, over = order.observe(positions, order.table())
+    assert over == -1 and index.tolist() == [0, 1, 0]
+    assert got_sources.tolist() == sources.tolist() and got_index.tolist() == [0, 1, 0]
+    mixture = Mixture(_sources([2, 1]), {"s0": 1.0}, length=4, block_size=1)
+    assert mixture.read(positions)["index"].tolist() == [0, 1, 0]
+
+
 def test_large_sizes_map_to_in_range_distinct_observations() -> None:
     rng = np.random.default_rng(5)
     count = 10_000

@@ -429,7 +429,8 @@ class MixtureOrder:
     def step_blocks(self, positions: npt.NDArray[np.int64], stop: int) -> tuple[Any, ...] | None:
         """The arguments ``_kernels.observe_rows`` takes before ``table`` when
         the first and last of ``positions`` (non-empty) lie in one block or two
-        consecutive ones of one stage below ``stop`` (a step's), else None:
+        consecutive ones of one stage below ``stop`` (a step's), else None
+        (``end`` bounds the blocks laid out, so any other position is outside):
         ``(positions, start, end, block_size, block, layout, passes, keys``
         of the block ``, layout, passes, keys`` of the next)."""
         first, last = int(positions[0]), int(positions[-1])
@@ -449,6 +450,9 @@ class MixtureOrder:
             return None
         this = stage.block(block)
         after = stage.block(block + 1) if ahead else this
+        # The kernels read only the blocks laid out here: a position past them
+        # (positions need not ascend) is outside, and goes the general way.
+        end = min(end, stage.start + (block + 1 + ahead) * stage.block_size)
         return (positions, stage.start, end, stage.block_size, block, this.layout, this.passes,
                 this.keys, after.layout, after.passes, after.keys)
 
