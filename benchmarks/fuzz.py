@@ -121,6 +121,10 @@ class Target:
     warm: Callable[[], list[Files]] = list
     """More valid inputs the parent reads before forking (beside the seeds), so
     children share what their first read compiles or imports."""
+    refused: Callable[[], list[Files]] = list
+    """Inputs the reader refuses with a ``FormatError``, read by the parent
+    before forking too: the kernels of its error paths (a local MDS read that
+    fails is read again by the scattered path, which valid inputs never take)."""
     remote: Callable[[Path, Files], None] | None = None
     """For a reader of object storage, the local reader of the same format: the
     parent warms up with it (obstore is not fork-safe once used), and the target
@@ -613,6 +617,34 @@ def _mds_written() -> tuple[Files, ...]:
         return tuple(_folder_files(Path(tmp) / str(k)) for k in range(len(layouts)))
 
 
+def _mds_refused(seeds: Callable[[], list[Files]], **options: Any) -> Callable[[], list[Files]]:
+    """Each of ``seeds`` with its first sample's header made to lie (a 2-D
+    shape; the offsets-table entry of a fixed-size sample): reads refuse it
+    only once they read that sample."""
+    def refused() -> list[Files]:
+        from zerobatch import open_dataset
+
+        out = []
+        for files in seeds():
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, data in files.items():
+                    (Path(tmp) / name).write_bytes(data)
+                with open_dataset(tmp, format="mds", **options) as ds:
+                    mds = ds.files
+                    shard = next(i for i, s in enumerate(mds.shards) if s.records)
+                    name = mds.shards[shard].tokens
+                    table = mds.table(shard)
+                    raw = bytearray(files[name])
+                    if int(table.headers[0]):  # the shape header's ndim byte
+                        at = int(table.values[0] - table.headers[0])
+                        raw[at] = 2 << 2 | (raw[at] & 3)
+                    else:  # sample 0's end in the offsets table
+                        raw[8:12] = (int.from_bytes(raw[8:12], "little") + 1).to_bytes(4, "little")
+            out.append({**files, name: bytes(raw)})
+        return out
+    return refused
+
+
 def _read_peer(format: str, **options: Any) -> Callable[[Path, Files], None]:
     def read(folder: Path, files: Files) -> None:
         from zerobatch import open_dataset
@@ -661,8 +693,9 @@ for _target in (
     Target("datatrove", _datatrove_seeds, _read_peer("datatrove")),
     Target("litdata", _litdata_seeds, _read_peer("litdata")),
     Target("hf", _hf_seeds, _read_peer("hf")),
-    Target("mds", _mds_seeds, _read_peer("mds")),
-    Target("mds-bytes", _mds_bytes_seeds, _read_peer("mds", dtype="int64")),
+    Target("mds", _mds_seeds, _read_peer("mds"), refused=_mds_refused(_mds_seeds)),
+    Target("mds-bytes", _mds_bytes_seeds, _read_peer("mds", dtype="int64"),
+           refused=_mds_refused(_mds_bytes_seeds, dtype="int64")),
 ):
     register(_target)
 
@@ -1748,6 +1781,13 @@ def warm_up(target: Target) -> None:
             if target.on_disk or target.remote:
                 scratch.write(files)
             read(Path(tmp), files)
+        for files in target.refused():
+            scratch.write(files)
+            try:
+                read(Path(tmp), files)
+            except FormatError:
+                continue
+            raise AssertionError(f"{target.name}: a refused warm-up input was read")
         if target.name in PEERS:
             for files in _empty_peer_inputs():
                 scratch.write(files)

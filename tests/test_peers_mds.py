@@ -19,6 +19,7 @@ from support._peers import check_against, check_each_once, check_same, upload
 from zerobatch import FormatError, open_dataset
 from zerobatch.cli import main
 from zerobatch.peers import PeerDataset, copy_to_stream
+from zerobatch.peers._base import LOOKUP_READS
 
 # name -> (columns, size_limit, token column, token dtype, sample lengths)
 DATASETS = {
@@ -239,6 +240,86 @@ def test_hostile_shards(mds, tmp_path):
     path.write_bytes(bytes(raw))
     with open_dataset(folder) as ds, pytest.raises(FormatError, match="size prefix"):
         ds.windows(4).read([0])
+
+
+def test_direct_reads_check_every_sample(mds, tmp_path):
+    """Local reads check each sample's header inside their one kernel call
+    (windows, with and without the document columns, and documents); a lie
+    is read again by the scattered path, whose error names the file and
+    sample."""
+    folder, index = _copy(mds, "plain", tmp_path)
+    path, good = _shard(folder, index, 1)
+    start = int.from_bytes(good[4:8], "little")
+    raw = bytearray(good)
+    raw[start + 4] = 2 << 2 | (raw[start + 4] & 3)  # sample 0's shape header: 2-D
+    path.write_bytes(bytes(raw))
+    with open_dataset(folder) as ds:
+        plain = ds.windows(4)
+        assert plain._direct
+        with pytest.raises(FormatError, match=r"samples\[0\].tokens") as caught:
+            plain.read([0])
+        assert path.name in str(caught.value)
+        masked = ds.windows(4, document_masking=True)
+        for _ in range(LOOKUP_READS + 1):  # by lookups, then by the direct kernel
+            with pytest.raises(FormatError, match=r"samples\[0\].tokens"):
+                masked.read([0])
+        assert masked._direct
+        with pytest.raises(FormatError, match=r"samples\[0\].tokens"):
+            ds.documents().read([0])
+        np.testing.assert_array_equal(  # the next sample is sound
+            ds.documents().read([1])["input_ids"][0], mds["plain"][1][1])
+
+
+def test_local_reads_are_one_call(mds, monkeypatch):
+    """From local files, windows never go through the scattered read, and the
+    scattered read (documents) never through the storage's read_into: both
+    are one kernel call that reads and checks the samples."""
+    from zerobatch.peers.mds import MDSFiles
+    from zerobatch.storage import LocalStorage
+
+    folder, samples = mds["mixed"]
+    with open_dataset(folder) as ds:
+        def refuse(*args, **kwargs):
+            raise AssertionError("not the one-call path")
+
+        monkeypatch.setattr(LocalStorage, "read_into", refuse)
+        for i in range(len(samples)):
+            np.testing.assert_array_equal(ds.documents().read([i])["input_ids"][0], samples[i])
+        monkeypatch.setattr(MDSFiles, "read_scattered", refuse)
+        tokens = np.concatenate(samples)
+        batch = ds.windows(9).read([0, 3, 2])
+        np.testing.assert_array_equal(batch["labels"][1], tokens[28:37])
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seq_len=st.integers(1, 700), stride=st.integers(1, 900), data=st.data())
+def test_direct_document_columns_equal_mds_samples(mds, seq_len, stride, data):
+    """The direct kernel's document columns (after the lookups) equal the
+    lookups' and what MDS's samples give, on shards read by ``pread`` (small)
+    and mapped (``wide``), dynamic and fixed shapes."""
+    name = data.draw(st.sampled_from(["plain", "mixed", "fixed", "wide", "bytes"]))
+    folder, samples = mds[name]
+    tokens = np.concatenate(samples).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum([len(d) for d in samples])])
+    with open_dataset(folder, **({"dtype": "int64"} if name == "bytes" else {})) as ds:
+        windows = ds.windows(seq_len, stride=stride, document_masking=True,
+                             columns=["input_ids", "labels", "position_ids"])
+        if not len(windows):
+            return
+        picks = np.array(data.draw(st.lists(st.integers(0, len(windows) - 1), min_size=1,
+                                            max_size=6)))
+        first = windows.read(picks)
+        for _ in range(LOOKUP_READS):
+            last = windows.read(picks)
+        assert windows._direct
+        at = picks[:, None] * stride + np.arange(seq_len)
+        doc_of = np.searchsorted(starts, at, side="right") - 1
+        positions = np.minimum(at - starts[doc_of], at - picks[:, None] * stride)
+        for batch in (first, last):
+            np.testing.assert_array_equal(batch["input_ids"], tokens[at])
+            np.testing.assert_array_equal(batch["labels"], tokens[at + 1])
+            np.testing.assert_array_equal(batch["position_ids"], positions)
 
 
 def test_hostile_fixed_and_mixed(mds, tmp_path):

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -36,6 +36,7 @@ from zerobatch._text import format_table
 from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
 from zerobatch.peers._index import DocumentTables, PeerIndex, by_shard
+from zerobatch.peers._kernels import BAD_SAMPLE
 from zerobatch.peers._lookup import Lookup
 from zerobatch.source import read_indices
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
@@ -230,6 +231,14 @@ class PeerFiles(ABC):
         and destination, over each shard's records as if they were one array)
         into ``buffer``; only for ``scattered`` formats."""
         raise NotImplementedError(f"{self.format} records are one array per shard")
+
+    def direct_kernels(self) -> tuple[Any, Any, tuple[Any, ...]] | None:
+        """For a ``scattered`` format, the kernels that read windows straight
+        from local files in one call (without and with the document columns,
+        each taking ``stream._kernels.read_windows``'s arguments, then the
+        third item's), or None: this default, where every read goes through
+        ``read_scattered``."""
+        return None
 
     def facts(self) -> list[tuple[str, str]]:
         """Format-specific rows for ``describe``."""
@@ -464,8 +473,9 @@ class _PeerWindows(TokenWindows):
     many datasets) the direct kernel reads them with every shard's offsets
     whole, an O(documents) derivation made once. Only where the format counts
     its documents in its headers and has at most ``WHOLE_DOCUMENTS_MAX``;
-    remote reads always look up. A scattered format's reads (MDS: its tokens
-    are not one array per file) take neither kernel."""
+    remote reads always look up. A scattered format (MDS: its tokens are not
+    one array per file) reads local windows by its own direct kernels
+    (``PeerFiles.direct_kernels``), never by many datasets' one call."""
 
     _ds: PeerDataset
 
@@ -474,12 +484,20 @@ class _PeerWindows(TokenWindows):
         files = self._ds._files
         self._lookups_left = 0
         if files.scattered:
-            self._direct = self._one_call = False
-        elif self._want_segments:
-            self._one_call = (self._direct and files.counted and self._ds._local is not None
-                              and self._ds.num_documents <= WHOLE_DOCUMENTS_MAX)
-            self._direct = False
-            self._lookups_left = LOOKUP_READS if self._one_call else 0
+            self._one_call = False  # many datasets' one call reads arrays, not pieces
+            direct = files.direct_kernels() if self._ds._local is not None else None
+            if direct is None:
+                self._direct = False
+            else:
+                plain, segments, self._kernel_tail = direct
+                self._kernels = (plain, segments)
+        if self._want_segments:
+            whole = (self._direct and files.counted and self._ds._local is not None
+                     and self._ds.num_documents <= WHOLE_DOCUMENTS_MAX)
+            self._direct = False  # until LOOKUP_READS reads have looked up
+            self._lookups_left = LOOKUP_READS if whole else 0
+            if not files.scattered:
+                self._one_call = whole
 
     def _count_lookup(self) -> None:
         """After ``LOOKUP_READS`` reads by lookups, the whole offsets."""
@@ -493,6 +511,18 @@ class _PeerWindows(TokenWindows):
         # (read_collated reads through read until the direct kernel takes over)
         self._count_lookup()
         return super().read(indices)
+
+    def _raise_failed(self, pieces: npt.NDArray[np.int64], requests: npt.NDArray[np.int64],
+                      failed: int, status: int) -> NoReturn:
+        """A scattered format's failed direct read, read again by the format's
+        own ``read_scattered``: its ``FormatError`` names the file and sample."""
+        if self._ds._files.scattered:
+            end = int((requests[2] + requests[3]).max()) if requests.shape[1] else 0
+            self._ds._read_records(pieces, requests, -1, np.empty(end, np.uint8))
+            if status == BAD_SAMPLE:
+                raise RuntimeError("a sample's header disagreed with its table, then agreed "
+                                   "when read again: did a file change while it was read?")
+        super()._raise_failed(pieces, requests, failed, status)
 
 
 class _FieldWindows(_PeerWindows):

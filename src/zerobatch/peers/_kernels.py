@@ -1,6 +1,7 @@
 """Numba kernels of the peer readers: a format's boundary table to document
 offsets in one pass; an MDS batch's reads split at sample bounds, and their
-sample headers checked. They return a status code and never raise; the callers
+sample headers checked (or, from local files, windows read, checked and cast
+in one call). They return a status code and never raise; the callers
 turn it into a ``FormatError`` naming the file and field."""
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import numba
 import numpy as np
 from numba import njit, typed
 
-from zerobatch.storage.local import _pointer
+from zerobatch.storage.local import _LINE, _pointer, _prefetch, prefetch_request, read_request
 from zerobatch.stream import _kernels as stream_kernels
 
-__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "OK", "gather", "mds_check", "mds_pieces",
+__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "BAD_SAMPLE", "OK", "gather", "mds_check",
+           "mds_pieces", "mds_read_requests", "mds_read_windows", "mds_read_windows_segments",
            "megatron_offsets", "piece_tables", "plan_mapped_documents", "search_right"]
 
 _OBS, _SHARD, _START, _LENGTH, _DEST = (stream_kernels.OBS, stream_kernels.SHARD,
@@ -173,7 +175,7 @@ def mds_pieces(
     return requests, pieces, header_at
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _le(data: np.ndarray, at: int, count: int) -> int:
     """The unsigned little-endian integer of ``count`` bytes at ``at``."""
     value = np.int64(0)
@@ -182,41 +184,308 @@ def _le(data: np.ndarray, at: int, count: int) -> int:
     return int(value)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _sample_ok(
+    data: np.ndarray, at: int, where: int, first_len: int, begin: int, end: int, value: int,
+    head: int, tokens_in: int, column_sizes: np.ndarray, variable: np.ndarray, position: int,
+    itemsize: int,
+) -> bool:
+    """Whether one sample's checked bytes in ``data`` agree with its table
+    entry (``begin``, ``end``, ``value``, ``head`` bytes, ``tokens_in``): at
+    ``at`` its two offsets-table entries (no variable-size column) or its
+    size prefix (``column_sizes``: each column's fixed size, overwritten with
+    the prefix; ``variable``: the columns with one; the token column at
+    ``position``), at ``where`` its 1-D shape header (``head`` bytes)."""
+    if variable.shape[0] == 0:
+        if _le(data, at, 4) != begin or _le(data, at + 4, 4) != end:
+            return False
+    else:
+        for v in range(variable.shape[0]):
+            column_sizes[variable[v]] = _le(data, at + 4 * v, 4)
+        before = np.int64(0)
+        for c in range(position):
+            before += column_sizes[c]
+        if (first_len + column_sizes.sum() != end - begin
+                or begin + first_len + before + head != value
+                or column_sizes[position] != head + tokens_in * itemsize):
+            return False
+    if head > 0:
+        width = head - 1
+        code = 0 if width == 1 else 1 if width == 2 else 2 if width == 4 else 3
+        if data[where] != (1 << 2 | code) or _le(data, where + 1, width) != tokens_in:
+            return False
+    return True
+
+
 @njit(nogil=True, cache=True)
 def mds_check(
     scratch: np.ndarray, requests: np.ndarray, pieces: np.ndarray, first_len: int,
     sizes: np.ndarray, variable: np.ndarray, position: int, itemsize: int,
 ) -> int:
     """The first piece of ``mds_pieces`` whose sample's checked bytes (read into
-    ``scratch``) disagree with the tables, or -1: the offsets-table entries
-    (no variable-size column), or the size prefix (``sizes``: each column's
-    fixed size; ``variable``: the columns with a prefix; the token column at
-    ``position``) and the 1-D shape header."""
+    ``scratch``) disagree with the tables (``_sample_ok``), or -1."""
     n = pieces.shape[1]
     column_sizes = sizes.copy()
     for k in range(n):
-        at = requests[3, n + k]
-        begin, end, value, head = pieces[3, k], pieces[4, k], pieces[5, k], pieces[6, k]
-        if variable.shape[0] == 0:
-            if _le(scratch, at, 4) != begin or _le(scratch, at + 4, 4) != end:
-                return k
-        else:
-            for v in range(variable.shape[0]):
-                column_sizes[variable[v]] = _le(scratch, at + 4 * v, 4)
-            before = np.int64(0)
-            for c in range(position):
-                before += column_sizes[c]
-            if (first_len + column_sizes.sum() != end - begin
-                    or begin + first_len + before + head != value
-                    or column_sizes[position] != head + pieces[2, k] * itemsize):
-                return k
-        if head > 0:
-            where = requests[3, 2 * n + k]
-            width = head - 1
-            code = 0 if width == 1 else 1 if width == 2 else 2 if width == 4 else 3
-            if scratch[where] != (1 << 2 | code) or _le(scratch, where + 1, width) != pieces[2, k]:
-                return k
+        if not _sample_ok(scratch, requests[3, n + k], requests[3, 2 * n + k], first_len,
+                          pieces[3, k], pieces[4, k], pieces[5, k], pieces[6, k], pieces[2, k],
+                          column_sizes, variable, position, itemsize):
+            return k
     return -1
+
+
+BAD_SAMPLE = -4
+"""The ``read_request``-style status of the MDS read kernels for a sample
+whose header disagrees with its table (the scattered read names it)."""
+
+
+@njit(nogil=True, cache=True)
+def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: tuple
+                  ) -> np.ndarray:
+    """Per request over shard ``shards[p]``'s tokens (``requests``: handle,
+    byte offset, bytes and destination), the samples ``[lo, hi)``
+    (``spans[:, p]``; global with a dynamic shape, else of the shard) holding
+    its records (``mds``: ``MDSFiles.kernel_tables``). With a dynamic shape
+    the binary searches of all requests advance together, one level per
+    pass, so their cache misses overlap (a large corpus's tables do not fit
+    the CPU caches); then a walk over the samples each request covers."""
+    count = shards.shape[0]
+    spans = np.zeros((2, count), np.int64)
+    per, tokens, shard_tokens = mds[2], mds[6], mds[10]
+    at = np.empty(count, np.int64)
+    high = np.zeros(count, np.int64)
+    for p in range(count):
+        first, length = requests[1, p] // itemsize, requests[2, p] // itemsize
+        if length <= 0:
+            continue
+        if per > 0:
+            spans[0, p], spans[1, p] = first // per, (first + length - 1) // per + 1
+        else:  # tokens[lo] <= at < tokens[high]: tokens[0] is 0, the last entry every token
+            at[p] = shard_tokens[shards[p]] + first
+            high[p] = tokens.shape[0] - 1
+    if per > 0:
+        return spans
+    searching = True
+    while searching:
+        searching = False
+        for p in range(count):
+            lo, hi = spans[0, p], high[p]
+            if hi - lo > 1:
+                middle = (lo + hi) // 2
+                if tokens[middle] <= at[p]:
+                    spans[0, p] = middle
+                else:
+                    high[p] = middle
+                searching = True
+    for p in range(count):
+        if high[p] == 0:  # no records
+            continue
+        end = at[p] + requests[2, p] // itemsize
+        hi = spans[0, p] + 1
+        while hi < tokens.shape[0] - 1 and tokens[hi] < end:
+            hi += 1
+        spans[1, p] = hi
+    return spans
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_samples(
+    s: int, handle: int, first: int, count: int, lo: int, hi: int, address: int,
+    check: np.ndarray, column_sizes: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    sizes: np.ndarray, use_pread: bool, itemsize: int, mds: tuple,
+) -> int:
+    """Records ``[first, first + count)`` of shard ``s``'s tokens (file
+    ``handle``; in samples ``[lo, hi)``, ``_sample_spans``) to memory at
+    ``address``, one ``read_request`` a sample piece, each sample's size
+    prefix (or offsets-table entries) and shape header read into ``check``
+    and checked first (``_sample_ok``). Returns 1, a ``read_request``
+    status, or ``BAD_SAMPLE``."""
+    first_len, entries, per, size, before, fixed_first, tokens, samples = mds[:8]
+    shard_samples, shard_tokens, variable, position = mds[9:]
+    at = check.ctypes.data
+    for g in range(lo, hi):
+        if per > 0:
+            local, start, tokens_in = g, g * per, per
+            begin = fixed_first[s] + g * size
+            end, value, head = begin + size, begin + before, 0
+        else:
+            local = g - shard_samples[s]
+            start = tokens[g] - shard_tokens[s]
+            tokens_in = tokens[g + 1] - tokens[g]
+            value, begin, end, head = samples[g, 0], samples[g, 1], samples[g, 2], samples[g, 3]
+        status = read_request(handle, 4 * (1 + local) if entries else begin, first_len, at,
+                              fds, addresses, sizes, use_pread)
+        if status == 1 and head > 0:
+            status = read_request(handle, value - head, head, at + first_len, fds, addresses,
+                                  sizes, use_pread)
+        if status < 1:
+            return status
+        if not _sample_ok(check, 0, first_len, first_len, begin, end, value, head, tokens_in,
+                          column_sizes, variable, position, itemsize):
+            return BAD_SAMPLE
+        low = max(start, first)
+        high = min(start + tokens_in, first + count)
+        status = read_request(handle, value + (low - start) * itemsize, (high - low) * itemsize,
+                              address + (low - first) * itemsize, fds, addresses, sizes,
+                              use_pread)
+        if status < 1:
+            return status
+    return 1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _prefetch_samples(s: int, handle: int, lo: int, hi: int, addresses: np.ndarray,
+                      sizes: np.ndarray, use_pread: bool, mds: tuple) -> None:
+    """``prefetch_request`` of the file bytes of samples ``[lo, hi)`` of shard
+    ``s`` (samples lie end to end in the file), and with a dynamic shape of
+    their entries in the tables ``_read_samples`` reads."""
+    if hi <= lo:
+        return
+    if mds[2] > 0:
+        begin = mds[5][s] + lo * mds[3]
+        end = mds[5][s] + hi * mds[3]
+    else:
+        first = mds[7].ctypes.data + 32 * lo  # [samples, 4] int64
+        for line in range(first - first % _LINE, mds[7].ctypes.data + 32 * hi, _LINE):
+            _prefetch(line)
+        begin, end = mds[7][lo, 1], mds[7][hi - 1, 2]
+    prefetch_request(handle, begin, end - begin, addresses, sizes, use_pread)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_mds_row(
+    b: int, p: int, ahead: int, pieces: np.ndarray, requests: np.ndarray, spans: np.ndarray,
+    n: int, row: np.ndarray, check: np.ndarray, column_sizes: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, mds: tuple,
+) -> tuple[int, int, int, int]:
+    """Window ``b`` of planned ``pieces`` (from ``p``; their ``requests`` over
+    each shard's tokens, in the samples ``spans``) read into ``row`` by
+    ``_read_samples``, the next window's samples prefetched first
+    (``ahead``: the first request not prefetched yet). Returns (the next
+    window's first piece, the next ``ahead``, the failed request or -1, its
+    status)."""
+    itemsize = row.itemsize
+    while ahead < pieces.shape[0] and pieces[ahead, _OBS] <= b + 1:
+        _prefetch_samples(pieces[ahead, _SHARD], requests[0, ahead], spans[0, ahead],
+                          spans[1, ahead], addresses, sizes, use_pread, mds)
+        ahead += 1
+    base = row.ctypes.data - b * n * itemsize  # request destinations are batch offsets
+    while p < pieces.shape[0] and pieces[p, _OBS] == b:
+        length, dest = requests[2, p], requests[3, p]
+        if length < 0 or dest < b * n * itemsize or dest + length > (b + 1) * n * itemsize:
+            return p, ahead, p, -2
+        status = _read_samples(pieces[p, _SHARD], requests[0, p], requests[1, p] // itemsize,
+                               length // itemsize, spans[0, p], spans[1, p], base + dest, check,
+                               column_sizes, fds, addresses, sizes, use_pread, itemsize, mds)
+        if status < 1:
+            return p, ahead, p, status
+        p += 1
+    return p, ahead, -1, 1
+
+
+@njit(nogil=True, cache=True)
+def mds_read_requests(
+    shards: np.ndarray, requests: np.ndarray, buffer: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, itemsize: int, mds: tuple,
+) -> tuple[int, int]:
+    """``MDSFiles.read_scattered``'s ``requests`` (``(4, P)``: handle, byte
+    offset and bytes over shard ``shards[p]``'s tokens, byte destination in
+    ``buffer``) read from local files in one call: each request's samples
+    checked and copied by ``_read_samples``, the next request's prefetched
+    first (``mds``: ``MDSFiles.kernel_tables``). Returns (the failed request
+    or -1, its ``read_request`` status, -2 for a destination outside
+    ``buffer``, or ``BAD_SAMPLE``)."""
+    spans = _sample_spans(shards, requests, itemsize, mds)
+    check = np.empty(mds[0] + 9, np.uint8)
+    column_sizes = mds[8].copy()
+    base = buffer.ctypes.data
+    count = shards.shape[0]
+    if count:
+        _prefetch_samples(shards[0], requests[0, 0], spans[0, 0], spans[1, 0], addresses, sizes,
+                          use_pread, mds)
+    for p in range(count):
+        if p + 1 < count:
+            _prefetch_samples(shards[p + 1], requests[0, p + 1], spans[0, p + 1],
+                              spans[1, p + 1], addresses, sizes, use_pread, mds)
+        length, dest = requests[2, p], requests[3, p]
+        if length < 0 or dest < 0 or dest + length > buffer.shape[0]:
+            return p, -2
+        status = _read_samples(shards[p], requests[0, p], requests[1, p] // itemsize,
+                               length // itemsize, spans[0, p], spans[1, p], base + dest, check,
+                               column_sizes, fds, addresses, sizes, use_pread, itemsize, mds)
+        if status < 1:
+            return p, status
+    return -1, 1
+
+
+@njit(nogil=True, cache=True)
+def mds_read_windows(
+    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
+    handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, mds: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
+    """``stream._kernels.read_windows`` over MDS shards (``mds``:
+    ``MDSFiles.kernel_tables``): each window's pieces split at sample bounds,
+    every sample's header checked and its values copied into ``row``
+    (``_read_mds_row``), then cast. Returns what ``read_windows`` returns; a
+    failed request's status may also be ``BAD_SAMPLE``."""
+    pieces, requests, closed, bad = stream_kernels.plan_windows(
+        indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
+    if bad >= 0 or closed >= 0:
+        return bad, closed, -1, 1, _DOCS_OK, 0, -1
+    check = np.empty(mds[0] + 9, np.uint8)  # a size prefix (or two entries), a shape header
+    column_sizes = mds[8].copy()
+    spans = _sample_spans(pieces[:, _SHARD].copy(), requests, row.itemsize, mds)
+    p = ahead = 0
+    for b in range(indices.shape[0]):
+        p, ahead, failed, status = _read_mds_row(b, p, ahead, pieces, requests, spans, n, row,
+                                                 check, column_sizes, fds, addresses, sizes,
+                                                 use_pread, mds)
+        if failed >= 0:
+            return -1, -1, failed, status, _DOCS_OK, 0, -1
+        if not stream_kernels._decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
+            return -1, -1, -1, 1, _DOCS_OK, 0, b
+    return -1, -1, -1, 1, _DOCS_OK, 0, -1
+
+
+@njit(nogil=True, cache=True)
+def mds_read_windows_segments(
+    indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
+    handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list,
+    out: tuple, mds: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
+    """:func:`mds_read_windows` with each window's document columns, as
+    ``stream._kernels.read_windows_segments`` (``docs``: every shard's
+    sample token offsets)."""
+    pieces, requests, closed, bad = stream_kernels.plan_windows(
+        indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
+    if bad >= 0 or closed >= 0:
+        return bad, closed, -1, 1, _DOCS_OK, 0, -1
+    firsts, code, shard = stream_kernels._first_documents(pieces, n, seq_len, docs)
+    if code != _DOCS_OK:
+        return -1, -1, -1, 1, code, shard, -1
+    mask_starts = shift == 0 and labels.shape[0] > 0
+    check = np.empty(mds[0] + 9, np.uint8)
+    column_sizes = mds[8].copy()
+    spans = _sample_spans(pieces[:, _SHARD].copy(), requests, row.itemsize, mds)
+    p = ahead = 0
+    for b in range(indices.shape[0]):
+        first = p
+        p, ahead, failed, status = _read_mds_row(b, p, ahead, pieces, requests, spans, n, row,
+                                                 check, column_sizes, fds, addresses, sizes,
+                                                 use_pread, mds)
+        if failed >= 0:
+            return -1, -1, failed, status, _DOCS_OK, 0, -1
+        if not stream_kernels._decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
+            return -1, -1, -1, 1, _DOCS_OK, 0, b
+        _, code, shard = stream_kernels._row_segments(b, first, pieces, n, seq_len, docs, firsts,
+                                                      labels, mask_starts, out)
+        if code != _DOCS_OK:
+            return -1, -1, -1, 1, code, shard, -1
+    return -1, -1, -1, 1, _DOCS_OK, 0, -1
 
 
 @njit(cache=True)

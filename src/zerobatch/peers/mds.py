@@ -55,7 +55,15 @@ from zerobatch import _forksafe
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
-from zerobatch.peers._kernels import mds_check, mds_pieces
+from zerobatch.peers._index import DocumentTables
+from zerobatch.peers._kernels import (
+    mds_check,
+    mds_pieces,
+    mds_read_requests,
+    mds_read_windows,
+    mds_read_windows_segments,
+)
+from zerobatch.storage import LocalStorage
 from zerobatch.stream.verify import Problem
 
 __all__ = ["INDEX", "VALUE_DTYPES", "MDSFiles", "detect"]
@@ -144,15 +152,30 @@ class _Table:
 class _Global:
     """Every shard's table end to end (dynamic shapes): global token offsets
     (``[samples + 1]``), per sample its value, start and end bytes and header
-    bytes, and per shard its first sample and first token."""
+    bytes (the columns of ``samples``, ``[samples, 4]``: a sample's four on
+    one cache line for the read kernels), and per shard its first sample and
+    first token."""
 
     tokens: npt.NDArray[np.int64]
-    values: npt.NDArray[np.int64]
-    begins: npt.NDArray[np.int64]
-    ends: npt.NDArray[np.int64]
-    headers: npt.NDArray[np.int64]
+    samples: npt.NDArray[np.int64]
     shard_samples: npt.NDArray[np.int64]
     shard_tokens: npt.NDArray[np.int64]
+
+    @property
+    def values(self) -> npt.NDArray[np.int64]:
+        return self.samples[:, 0]
+
+    @property
+    def begins(self) -> npt.NDArray[np.int64]:
+        return self.samples[:, 1]
+
+    @property
+    def ends(self) -> npt.NDArray[np.int64]:
+        return self.samples[:, 2]
+
+    @property
+    def headers(self) -> npt.NDArray[np.int64]:
+        return self.samples[:, 3]
 
 
 class MDSFiles(PeerFiles):
@@ -182,6 +205,8 @@ class MDSFiles(PeerFiles):
         self._lock = _forksafe.lock()
         self._tables: dict[int, _Table] = {}
         self._global: _Global | None = None
+        self._kernel_tables: tuple[Any, ...] | None = None
+        self._documents_table: DocumentTables | None = None
         self._samples: list[int] = []
         self._bytes: list[int] = []
         files = []
@@ -541,6 +566,59 @@ class MDSFiles(PeerFiles):
 
     # -- reads ----------------------------------------------------------------
 
+    def kernel_tables(self) -> tuple[Any, ...]:
+        """What the MDS kernels take of the tables, as one tuple (built once):
+        ``(first_len, entries, per, size, before, fixed_first, tokens, samples,
+        column_sizes, shard_samples, shard_tokens, variable, position)``.
+        ``first_len`` bytes are checked at each sample's start (its size
+        prefix) or, with ``entries`` (no variable-size column), its two
+        offsets-table entries. With ``per > 0`` every sample holds ``per``
+        tokens in ``size`` bytes (``fixed_first``: each shard's first sample
+        byte; ``before``: bytes before the values); else the global tables of
+        ``_Global`` (``tokens`` ``[samples + 1]`` over all shards; ``samples``:
+        each sample's value, start, end and header bytes). ``column_sizes``:
+        each column's fixed size (0: variable); ``variable``: the columns with
+        a size prefix; ``position``: the token column's."""
+        found = self._kernel_tables
+        if found is None:
+            layout, table = self._layout, self._global
+            width = 4 * len(layout.variable)
+            none = np.zeros(1, np.int64)
+            if layout.fixed_sample is not None:
+                per, size, fixed_first = (int(np.prod(layout.shape or ())), layout.fixed_sample,
+                                          self._fixed_first)
+                before, shards = layout.before, (none, none)
+                samples = (none, np.zeros((1, 4), np.int64))
+            else:
+                assert table is not None
+                per, size, fixed_first, before = 0, 0, none, 0
+                samples = (table.tokens, table.samples)
+                shards = (table.shard_samples, table.shard_tokens)
+            found = (width if width else 8, not width, per, size, before, fixed_first, *samples,
+                     self._sizes, *shards, self._variable, layout.position)
+            self._kernel_tables = found
+        return found
+
+    def document_tables(self) -> DocumentTables | None:
+        """With a dynamic shape, the samples' global token offsets (held by
+        these files) as one table for ``_kernels.plan_mapped_documents``: a
+        batch of documents planned in one call. None with a fixed shape
+        (offsets are arithmetic there: ``offsets_of``)."""
+        table = self._global
+        if table is None or self._documents_table is not None:
+            return self._documents_table
+        tokens = table.tokens
+        self._documents_table = DocumentTables(
+            np.zeros(len(self._files), np.int64), table.shard_samples[:-1],
+            table.shard_tokens[:-1], np.array([tokens.ctypes.data], np.int64),
+            np.array([tokens.shape[0]], np.int64), np.zeros(0, np.int64))
+        return self._documents_table
+
+    def direct_kernels(self) -> tuple[Any, Any, tuple[Any, ...]]:
+        """``mds_read_windows`` and its document-column twin, which take
+        :meth:`kernel_tables` after ``read_windows``'s arguments."""
+        return mds_read_windows, mds_read_windows_segments, (self.kernel_tables(),)
+
     def read_scattered(self, shards: npt.NDArray[np.int64], requests: npt.NDArray[np.int64],
                        buffer: npt.NDArray[np.uint8]) -> None:
         """Run the dataset's ``requests`` (``(4, P)``: handle, byte offset, bytes
@@ -548,25 +626,28 @@ class MDSFiles(PeerFiles):
         array) into ``buffer``: one storage call reads every (request, sample)
         piece with its sample's size prefix (or offsets-table entries) and
         shape header, which are checked (``FormatError`` naming the shard file
-        and sample otherwise). The split and the checks are two Numba passes
-        (``peers._kernels.mds_pieces``, ``mds_check``)."""
-        layout, table = self._layout, self._global
+        and sample otherwise). From local files one Numba call reads and
+        checks them (``peers._kernels.mds_read_requests``); else, and to name
+        what failed there, the split and the checks are two Numba passes
+        (``mds_pieces``, ``mds_check``) around one storage call."""
+        tables = self.kernel_tables()
         itemsize = self.dtype.itemsize
-        width = 4 * len(layout.variable)
-        first_len = width if width else 8
+        shards = np.ascontiguousarray(shards)
+        if isinstance(self.storage, LocalStorage):  # one call; a failure is read again below
+            files, use_pread = self.storage.files()
+            if mds_read_requests(shards, requests, buffer, files.fds, files.addresses,
+                                 files.sizes, use_pread, itemsize, tables)[0] < 0:
+                return
+        (first_len, entries, per, size, before, fixed_first, tokens, samples, column_sizes,
+         shard_samples, shard_tokens, variable, position) = tables
+        values, begins, ends, headers = samples.T
         total = int(buffer.size)
-        none = np.zeros(1, np.int64)
-        if layout.fixed_sample is not None:
-            fixed = (int(np.prod(layout.shape or ())), layout.fixed_sample, self._fixed_first,
-                     layout.before, none, none, none, none, none, none, none)
-        else:
-            assert table is not None
-            fixed = (0, 0, none, 0, table.tokens, table.values, table.begins, table.ends,
-                     table.headers, table.shard_samples, table.shard_tokens)
-        reads, pieces, size = mds_pieces(  # one layout: a batch of one piece is contiguous
-            np.ascontiguousarray(shards), requests[1] // itemsize, requests[2] // itemsize,
-            requests[0], requests[3], itemsize, total, first_len, not width, *fixed)
-        scratch = np.empty(size, np.uint8)
+        reads, pieces, scratch_bytes = mds_pieces(  # one layout: a piece is contiguous
+            shards, requests[1] // itemsize, requests[2] // itemsize,
+            requests[0], requests[3], itemsize, total, first_len, entries, per, size,
+            fixed_first, before, tokens, values, begins, ends, headers, shard_samples,
+            shard_tokens)
+        scratch = np.empty(scratch_bytes, np.uint8)
         short = self.storage.read_into(reads[0], reads[1], reads[2], scratch, reads[3])
         if short >= 0:
             piece = short % max(pieces.shape[1], 1)
@@ -574,8 +655,8 @@ class MDSFiles(PeerFiles):
                               path=self.path(self._files[int(pieces[0, piece])]),
                               field=f"samples[{int(pieces[1, piece])}]")
         buffer[:] = scratch[:total]
-        bad = mds_check(scratch, reads, pieces, first_len, self._sizes, self._variable,
-                        layout.position, itemsize)
+        bad = mds_check(scratch, reads, pieces, first_len, column_sizes, variable, position,
+                        itemsize)
         if bad >= 0:
             n = pieces.shape[1]
             s, j = int(pieces[0, bad]), int(pieces[1, bad])
@@ -585,7 +666,7 @@ class MDSFiles(PeerFiles):
                                           scratch[where:where + head])
             raise FormatError(message or "the sample's header disagrees with its table",
                               path=self.path(self._files[s]),
-                              field=f"samples[{j}].{layout.column}")
+                              field=f"samples[{j}].{self._layout.column}")
 
     def _end(self, shard: int, j: int) -> int:
         table = self.table(shard)
@@ -721,10 +802,12 @@ def _global(tables: list[_Table], sizes: list[int], records: list[int]) -> _Glob
                             + [starts[-1:]])
     ends = [np.append(t.begins[1:], size) if t.begins.size else t.begins
             for t, size in zip(tables, sizes, strict=True)]
-    return _Global(tokens.astype(np.int64), np.concatenate([t.values for t in tables]),
-                   np.concatenate([t.begins for t in tables]),
-                   np.concatenate(ends).astype(np.int64),
-                   np.concatenate([t.headers for t in tables]),
+    samples = np.empty((sum(counts), 4), np.int64)
+    for column, parts in enumerate(([t.values for t in tables], [t.begins for t in tables], ends,
+                                    [t.headers for t in tables])):
+        if parts:
+            np.concatenate(parts, out=samples[:, column])
+    return _Global(tokens.astype(np.int64), samples,
                    np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), starts)
 
 

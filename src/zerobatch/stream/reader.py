@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping, Sequence
 from itertools import compress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -479,6 +479,10 @@ class TokenWindows:
         # Read by many datasets' one call (``ManyWindows``); a subclass whose
         # ``read`` adds columns of its own sets ``_one_call`` False.
         self._one_call = self._direct
+        # The direct kernels (without, with the document columns) and what they
+        # take after ``read_windows``'s arguments (a scattered peer format's tables).
+        self._kernels: tuple[Any, Any] = (k.read_windows, k.read_windows_segments)
+        self._kernel_tail: tuple[Any, ...] = ()
         self._direct_schema = {name: self._dense[name] for name in self._columns
                                if name in self._dense}
 
@@ -689,7 +693,7 @@ class TokenWindows:
         # Document columns: the kernel that computes them (read_windows alone
         # compiles in a third of the time: a first run's wait, a test run's).
         segments = (ds._docs_tables(), out) if self._want_segments else ()
-        kernel = k.read_windows_segments if segments else k.read_windows
+        kernel = self._kernels[1] if segments else self._kernels[0]
         while True:
             # Handles before the file table: a handle another thread sets is in
             # every table taken after it (tables only grow).
@@ -698,7 +702,8 @@ class TokenWindows:
             files, use_pread = local.files()  # keeps the mappings alive until the kernel returns
             arguments = (*plan, files.fds, files.addresses, files.sizes, use_pread, seq_len,
                          inputs, labels, self._shift, self._bounds_check)
-            bad, closed, failed, status, code, shard, wrong = kernel(*arguments, *segments)
+            bad, closed, failed, status, code, shard, wrong = kernel(*arguments, *segments,
+                                                                     *self._kernel_tail)
             if closed < 0:
                 break
             pieces = k.plan_windows(*plan[:-1], row.itemsize)[0]
@@ -707,13 +712,21 @@ class TokenWindows:
             raise IndexError(f"window {int(idx[bad])} is out of range for {self._len} windows")
         if failed >= 0:
             pieces, requests = k.plan_windows(*plan[:-1], row.itemsize)[:2]
-            if status == 0:
-                raise ds._short_read(pieces[:, k.SHARD], requests, failed)
-            check_status(status, failed, requests[0])
+            self._raise_failed(pieces, requests, failed, status)
         ds._check(code, shard)
         if wrong >= 0:
             raise self._token_error(int(idx[wrong]))
         return self._token_columns(inputs, labels, positions, out, jagged=False), out
+
+    def _raise_failed(self, pieces: npt.NDArray[np.int64], requests: npt.NDArray[np.int64],
+                      failed: int, status: int) -> NoReturn:
+        """Raise the error of request ``failed`` of ``plan_windows``'s ``pieces``
+        and ``requests``, which a direct kernel read with ``read_request``
+        status ``status``."""
+        if status == 0:
+            raise self._ds._short_read(pieces[:, k.SHARD], requests, failed)
+        check_status(status, failed, requests[0])
+        raise AssertionError(f"read_request status {status} is not an error")
 
     def _output_bytes(self, count: int) -> int:
         """Bytes of the outputs of ``count`` windows (``_outputs``)."""
