@@ -85,13 +85,15 @@ class ManyWindows:
         # (only ever written in place): set when the shard is opened here (the
         # kernels look at it only for shards with a size).
         self._live = np.zeros(shards, dtype=np.int64)
-        # Per source (base record, stride, windows); base -1: cannot be read.
-        table = np.empty((len(self._sources), 3), dtype=np.int64)
+        # Per source (base record, stride, windows, its dataset's first global
+        # shard); base -1: cannot be read.
+        table = np.empty((len(self._sources), 4), dtype=np.int64)
         dataset = np.array(where, dtype=np.int64)
         readable = dataset >= 0
         table[:, 0] = np.where(readable, record_base[np.maximum(dataset, 0)], -1)
         table[:, 1] = [1 if s is None else s._stride for s in self._sources]
         table[:, 2] = [0 if s is None else s._len for s in self._sources]
+        table[:, 3] = np.where(readable, shard_base[np.maximum(dataset, 0)], 0)
         self._table = table
         # The open-file table, by global shard (sizes < 0: not in it yet).
         self._fds = np.full(shards, -1, dtype=np.int64)
