@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit
 
 from zerobatch.plan import _EPOCH_DOMAIN
-from zerobatch.shuffle import _mix, fill_round_keys, permute_keyed, permute_one
+from zerobatch.shuffle import DEFAULT_ROUNDS, _mix, fill_round_keys, permute_one
 from zerobatch.stream._kernels import read_window_rows, read_window_rows_segments
 
 __all__ = [
@@ -202,11 +202,11 @@ def block_keys(before: np.ndarray, counts: np.ndarray, table: np.ndarray,
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _observation_keyed(table: np.ndarray, s: int, ordinal: int, passes: np.ndarray,
-                       keys: np.ndarray) -> int:
-    """:func:`_observation` of source ``s``'s slot ``ordinal`` of a block, from
-    the block's passes and round keys (:func:`block_keys`): no division
-    unless the source is shorter than its slots in the block."""
+def _keyed_place(table: np.ndarray, s: int, ordinal: int, passes: np.ndarray) -> tuple[int, int]:
+    """``(d, local)``: source ``s``'s slot ``ordinal`` of a block is place
+    ``local`` of its pass ``passes[s, 0] + d`` (the block's passes of
+    :func:`block_keys`): no division unless the source is shorter than its
+    slots in the block."""
     n = table[s, LENGTH]
     d, local = 0, passes[s, 1] + ordinal
     if local >= n:
@@ -214,12 +214,41 @@ def _observation_keyed(table: np.ndarray, s: int, ordinal: int, passes: np.ndarr
             d, local = 1, local - n
         else:
             d, local = divmod(local, n)
-    p = passes[s, 0] + d
-    if p >= table[s, LIMIT]:
-        return -1
-    if d < KEYED_PASSES:
-        return permute_keyed(local, n, table[s, HALF], keys[s, d])
-    return permute_one(local, n, table[s, HALF], _epoch_seed(np.uint64(table[s, KEY]), p))
+    return d, local
+
+
+_LEFT, _RIGHT, _SHIFT, _MASK, _BOUND, _ROUND_KEYS = 0, 1, 2, 3, 4, 5
+"""The rows of :func:`_walk`'s scratch, one column a value: the Feistel
+halves, the half width, its mask, the domain size ``n``, then the round keys."""
+
+
+@njit(nogil=True, cache=True)
+def _walk(net: np.ndarray, rows: np.ndarray, count: int, out: np.ndarray) -> None:
+    """``out[rows[j]]``: :func:`zerobatch.shuffle.permute_keyed` of the first
+    ``count`` values of ``net`` (columns: ``_ROUND_KEYS``), all walked at once.
+    Each round runs over every value (independent: the multiplies of one
+    overlap another's, where one value at a time waits on each, and no
+    branch), then the values still outside ``[0, n)`` take another turn of
+    the cycle walk, packed to the front."""
+    while count > 0:
+        for i in range(DEFAULT_ROUNDS):
+            for j in range(count):
+                right = net[_RIGHT, j]
+                mixed = _mix(right ^ net[_ROUND_KEYS + i, j]) & net[_MASK, j]
+                net[_RIGHT, j] = net[_LEFT, j] ^ mixed
+                net[_LEFT, j] = right
+        kept = 0
+        for j in range(count):
+            y = (net[_LEFT, j] << net[_SHIFT, j]) | net[_RIGHT, j]
+            if y < net[_BOUND, j]:
+                out[rows[j]] = np.int64(y)
+                continue
+            for r in range(_SHIFT, net.shape[0]):
+                net[r, kept] = net[r, j]
+            net[_LEFT, kept], net[_RIGHT, kept] = y >> net[_SHIFT, j], y & net[_MASK, j]
+            rows[kept] = rows[j]
+            kept += 1
+        count = kept
 
 
 @njit(nogil=True, cache=True)
@@ -247,28 +276,49 @@ def observe_rows(positions: np.ndarray, start: int, end: int, size: int, block: 
     (positions ``[start, end)``, blocks of ``size`` counted from ``start``),
     whose layouts are given (``order.Block``: sources and ordinals ``[2,
     size]``, the passes and round keys of :func:`block_keys`):
-    the block lookup of ``MixtureOrder.locate`` and :func:`pass_indices` in
-    one pass. Returns (the first row outside those blocks or -1, the first
-    row past its source's pass limit or -1); ``out`` is complete when both
-    are -1."""
+    the block lookup of ``MixtureOrder.locate`` and :func:`pass_indices`:
+    one pass over the rows for their sources and places, then every row's
+    Feistel walk at once (:func:`_walk`). Returns (the first row outside
+    those blocks or -1, the first row past its source's pass limit or -1);
+    ``out`` is complete when both are -1, and ``out[0]`` holds the sources up
+    to the row past its limit."""
     first = start + block * size  # the first position of block ``block``
-    for b in range(positions.shape[0]):
+    count = positions.shape[0]
+    net = np.empty((_ROUND_KEYS + DEFAULT_ROUNDS, count), np.uint64)  # the values of _walk
+    rows = np.empty(count, np.int64)
+    walking = 0
+    for b in range(count):
         position = positions[b]
         if position < start or position >= end:
             return b, -1
         at = position - first
         if 0 <= at < size:
-            s = layout0[0, at]
-            index = _observation_keyed(table, s, layout0[1, at], passes0, keys0)
+            s, ordinal, passes, keys = layout0[0, at], layout0[1, at], passes0, keys0
         elif size <= at < 2 * size:
-            s = layout1[0, at - size]
-            index = _observation_keyed(table, s, layout1[1, at - size], passes1, keys1)
+            s, ordinal = layout1[0, at - size], layout1[1, at - size]
+            passes, keys = passes1, keys1
         else:
             return b, -1
-        if index < 0:
-            return -1, b
         out[0, b] = s
-        out[1, b] = index
+        d, local = _keyed_place(table, s, ordinal, passes)
+        p = passes[s, 0] + d
+        if p >= table[s, LIMIT]:
+            return -1, b
+        if d >= KEYED_PASSES:  # no round keys in the block: this row alone
+            out[1, b] = permute_one(local, table[s, LENGTH], table[s, HALF],
+                                    _epoch_seed(np.uint64(table[s, KEY]), p))
+            continue
+        shift = np.uint64(table[s, HALF])
+        mask = (np.uint64(1) << shift) - np.uint64(1)
+        value = np.uint64(local)
+        net[_LEFT, walking], net[_RIGHT, walking] = value >> shift, value & mask
+        net[_SHIFT, walking], net[_MASK, walking] = shift, mask
+        net[_BOUND, walking] = np.uint64(table[s, LENGTH])
+        for i in range(DEFAULT_ROUNDS):
+            net[_ROUND_KEYS + i, walking] = keys[s, d, i]
+        rows[walking] = b
+        walking += 1
+    _walk(net, rows, walking, out[1])
     return -1, -1
 
 
