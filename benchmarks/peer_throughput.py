@@ -1,6 +1,8 @@
 """Shuffled tokens per second on datatrove's and LitData's own files: each peer's
 loader at its documented defaults against zerobatch's Loader on the same files
-(and on its own format), in one process, interleaved, wall time and CPU time.
+(and on its own format), in one process, interleaved, wall time and CPU time;
+and zerobatch on MDS shards (windows and documents) against its own format
+(MDS's own loader cannot share this process: ``peer_formats.py`` runs it).
 
 Loaders (windows of 2,048 tokens + 1 label token, batch 8 or ``--batch``, torch
 tensors):
@@ -12,7 +14,8 @@ tensors):
   shuffle=True)`` in ``StreamingDataLoader(batch_size=8)`` (``num_workers=0``);
 - zerobatch: ``Loader(open_dataset(folder).windows(2048), 8, seed=epoch,
   output="torch")`` (default threads and prefetch) on the datatrove files, the
-  LitData files and its own format.
+  LitData files, MDS's shards and its own format; ``documents()`` on MDS's
+  shards and its own format (``output="numpy"``).
 
 Each round runs every loader for ``--batches`` batches in turn (iterators kept
 across rounds), timing wall (``perf_counter``) and the process's CPU time
@@ -71,16 +74,24 @@ def _litdata(path: Path, batch_size: int) -> Callable[[], Iterator[Any]]:
     return epoch
 
 
-def _zerobatch(path: Path, batch_size: int) -> Callable[[], Iterator[Any]]:
+def _zerobatch(path: Path, batch_size: int, documents: bool = False
+               ) -> Callable[[], Iterator[Any]]:
     from zerobatch import Loader, open_dataset
 
-    windows = open_dataset(path).windows(SEQ)
+    ds = open_dataset(path)
+    source = ds.documents() if documents else ds.windows(SEQ)
     count = [0]
 
     def epoch() -> Iterator[Any]:
+        import torch
+
         count[0] += 1
-        for batch in Loader(windows, batch_size, seed=count[0], output="torch", epochs=1):
-            yield batch["input_ids"]
+        # Documents as NumPy: torch's jagged NestedTensor costs ~170 us a batch of
+        # its own Python dispatch, which would hide the reads compared here.
+        output = "numpy" if documents else "torch"
+        for batch in Loader(source, batch_size, seed=count[0], output=output, epochs=1):
+            ids = batch["input_ids"]
+            yield torch.from_numpy(ids.values) if documents else ids
     return epoch
 
 
@@ -115,13 +126,16 @@ def main() -> None:
     args = parser.parse_args()
     tokens = int(args.tokens)
     root = args.out or Path(tempfile.mkdtemp(prefix="zb-peers-"))
-    paths = build(root / f"{tokens}", tokens, ["datatrove", "litdata", "native"])
+    paths = build(root / f"{tokens}", tokens, ["datatrove", "litdata", "mds", "native"])
     loaders = {
         "datatrove DataLoader": _datatrove(paths["datatrove"], args.batch),
         "zerobatch on .ds": _zerobatch(paths["datatrove"], args.batch),
         "LitData StreamingDataLoader": _litdata(paths["litdata"], args.batch),
         "zerobatch on LitData": _zerobatch(paths["litdata"], args.batch),
+        "zerobatch on MDS": _zerobatch(paths["mds"], args.batch),
         "zerobatch native": _zerobatch(paths["native"], args.batch),
+        "zerobatch documents on MDS": _zerobatch(paths["mds"], args.batch, documents=True),
+        "zerobatch documents native": _zerobatch(paths["native"], args.batch, documents=True),
     }
     for path in paths.values():
         warm(path)  # in the page cache: the rounds compare loaders, not the disk
@@ -152,7 +166,9 @@ def main() -> None:
                f"{args.batch}, windows of {SEQ}, {args.rounds} interleaved rounds)")
     pairs = (("zerobatch on .ds", "datatrove DataLoader"),
              ("zerobatch on LitData", "LitData StreamingDataLoader"),
-             ("zerobatch on .ds", "zerobatch native"), ("zerobatch on LitData", "zerobatch native"))
+             ("zerobatch on .ds", "zerobatch native"), ("zerobatch on LitData", "zerobatch native"),
+             ("zerobatch on MDS", "zerobatch native"),
+             ("zerobatch documents on MDS", "zerobatch documents native"))
     print("\nratios of medians (per round: the same round's two figures)")
     for ours, theirs in pairs:
         per_round_wall = [a / b for a, b in zip(wall[ours], wall[theirs], strict=True)]
