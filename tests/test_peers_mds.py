@@ -205,6 +205,18 @@ def _shard(folder, index, i=0):
     return path, bytearray(path.read_bytes())
 
 
+def _shape_lie(mds, tmp_path, ndim):
+    """A copy of "plain" whose shard 1 says sample 0 has ``ndim`` dimensions:
+    (folder, that shard's path)."""
+    folder, index = _copy(mds, "plain", tmp_path)
+    path, good = _shard(folder, index, 1)  # shard 0 is empty
+    start = int.from_bytes(good[4:8], "little")
+    raw = bytearray(good)
+    raw[start + 4] = ndim << 2 | (raw[start + 4] & 3)  # after the 4-byte size prefix
+    path.write_bytes(bytes(raw))
+    return folder, path
+
+
 def test_hostile_shards(mds, tmp_path):
     folder, index = _copy(mds, "plain", tmp_path)
     path, good = _shard(folder, index, 1)  # shard 0 is empty
@@ -247,12 +259,7 @@ def test_direct_reads_check_every_sample(mds, tmp_path):
     (windows, with and without the document columns, and documents); a lie
     is read again by the scattered path, whose error names the file and
     sample."""
-    folder, index = _copy(mds, "plain", tmp_path)
-    path, good = _shard(folder, index, 1)
-    start = int.from_bytes(good[4:8], "little")
-    raw = bytearray(good)
-    raw[start + 4] = 2 << 2 | (raw[start + 4] & 3)  # sample 0's shape header: 2-D
-    path.write_bytes(bytes(raw))
+    folder, path = _shape_lie(mds, tmp_path, 2)
     with open_dataset(folder) as ds:
         plain = ds.windows(4)
         assert plain._direct
@@ -376,12 +383,7 @@ def test_cli_inspect_and_verify(mds, tmp_path, capsys):
     assert "mds" in capsys.readouterr().out
     assert main(["verify", str(folder)]) == 0
     assert "OK" in capsys.readouterr().out
-    bad, index = _copy(mds, "plain", tmp_path)
-    path, good = _shard(bad, index, 1)
-    start = int.from_bytes(good[4:8], "little")
-    raw = bytearray(good)
-    raw[start + 4] = 3 << 2 | (raw[start + 4] & 3)  # sample 0's shape header: 3-D
-    path.write_bytes(bytes(raw))
+    bad, path = _shape_lie(mds, tmp_path, 3)
     assert main(["verify", str(bad)]) == 1  # opens; verify reads every sample's header
     out = capsys.readouterr().out
     assert path.name in out and "samples[0].tokens" in out

@@ -100,81 +100,6 @@ def gather(table: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return out
 
 
-@njit(nogil=True, cache=True)
-def mds_pieces(
-    shards: np.ndarray, first: np.ndarray, count: np.ndarray, handles: np.ndarray,
-    dest: np.ndarray, itemsize: int, total: int, first_len: int, entries: bool, per: int,
-    size: int, fixed_first: np.ndarray, before: int, tokens: np.ndarray, values: np.ndarray,
-    begins: np.ndarray, ends: np.ndarray, headers: np.ndarray, shard_samples: np.ndarray,
-    shard_tokens: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """An MDS batch's reads: requests ``(shard, first record, count)`` over each
-    shard's tokens (with a handle and a byte destination) split at sample
-    bounds. With ``per > 0`` every sample holds ``per`` tokens in ``size``
-    bytes (``fixed_first``: each shard's first sample byte, ``before``: bytes
-    before the values); else the global tables (``tokens``: ``[samples + 1]``
-    token offsets over all shards, per sample its ``values``, ``begins``,
-    ``ends`` and ``headers`` bytes; ``shard_samples``/``shard_tokens``: each
-    shard's first sample and token).
-
-    Returns ``(requests (4, 3n), pieces (7, n), bytes)``: ``n`` value reads into
-    the batch buffer (bytes ``[0, total)``), then ``n`` reads of ``first_len``
-    bytes (a sample's size prefix at its start, or with ``entries`` its two
-    offsets-table entries), then ``n`` shape-header reads, into one scratch
-    buffer of ``bytes``; per piece its shard, sample in the shard, token
-    count, start and end bytes, value byte and header bytes."""
-    requests_in = shards.shape[0]
-    low_sample = np.zeros(requests_in, np.int64)
-    high_sample = np.zeros(requests_in, np.int64)
-    n = 0
-    for p in range(requests_in):
-        if count[p] <= 0:
-            continue
-        if per > 0:
-            low_sample[p] = first[p] // per
-            high_sample[p] = (first[p] + count[p] - 1) // per + 1
-        else:
-            at = shard_tokens[shards[p]] + first[p]
-            low_sample[p] = np.searchsorted(tokens, at, side="right") - 1
-            high_sample[p] = np.searchsorted(tokens, at + count[p], side="left")
-        n += high_sample[p] - low_sample[p]
-    requests = np.empty((4, 3 * n), np.int64)
-    pieces = np.empty((7, n), np.int64)
-    header_at = total + n * first_len
-    k = 0
-    for p in range(requests_in):
-        s = shards[p]
-        for g in range(low_sample[p], high_sample[p]):
-            if per > 0:
-                local, start, tokens_in = g, g * per, per
-                begin = fixed_first[s] + g * size
-                end, value, head = begin + size, begin + before, 0
-            else:
-                local = g - shard_samples[s]
-                start = tokens[g] - shard_tokens[s]
-                tokens_in = tokens[g + 1] - tokens[g]
-                begin, end, value, head = begins[g], ends[g], values[g], headers[g]
-            low = max(start, first[p])
-            high = min(start + tokens_in, first[p] + count[p])
-            requests[0, k] = handles[p]
-            requests[1, k] = value + (low - start) * itemsize
-            requests[2, k] = (high - low) * itemsize
-            requests[3, k] = dest[p] + (low - first[p]) * itemsize
-            requests[0, n + k] = handles[p]
-            requests[1, n + k] = 4 * (1 + local) if entries else begin
-            requests[2, n + k] = first_len
-            requests[3, n + k] = total + k * first_len
-            requests[0, 2 * n + k] = handles[p]
-            requests[1, 2 * n + k] = value - head
-            requests[2, 2 * n + k] = head
-            requests[3, 2 * n + k] = header_at
-            header_at += head
-            pieces[0, k], pieces[1, k], pieces[2, k] = s, local, tokens_in
-            pieces[3, k], pieces[4, k], pieces[5, k], pieces[6, k] = begin, end, value, head
-            k += 1
-    return requests, pieces, header_at
-
-
 @njit(nogil=True, cache=True, inline="always")
 def _le(data: np.ndarray, at: int, count: int) -> int:
     """The unsigned little-endian integer of ``count`` bytes at ``at``."""
@@ -289,6 +214,69 @@ def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: 
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _sample_at(s: int, g: int, mds: tuple) -> tuple[int, int, int, int, int, int, int]:
+    """Sample ``g`` (global with a dynamic shape, else of shard ``s``), from
+    ``mds`` (``MDSFiles.kernel_tables``): its index in the shard, its first
+    token in the shard's tokens, its tokens, its start and end bytes, the
+    byte of its first value and its shape header's bytes."""
+    per, size = mds[2], mds[3]
+    if per > 0:
+        begin = mds[5][s] + g * size
+        return g, g * per, per, begin, begin + size, begin + mds[4], 0
+    tokens, samples = mds[6], mds[7]
+    return (g - mds[9][s], tokens[g] - mds[10][s], tokens[g + 1] - tokens[g], samples[g, 1],
+            samples[g, 2], samples[g, 0], samples[g, 3])
+
+
+@njit(nogil=True, cache=True)
+def mds_pieces(shards: np.ndarray, requests: np.ndarray, itemsize: int, total: int,
+               mds: tuple) -> tuple[np.ndarray, np.ndarray, int]:
+    """An MDS batch's reads, for any storage: ``requests`` (handle, byte offset,
+    bytes and destination over shard ``shards[p]``'s tokens) split at sample
+    bounds (``mds``: ``MDSFiles.kernel_tables``).
+
+    Returns ``(requests (4, 3n), pieces (7, n), bytes)``: ``n`` value reads into
+    the batch buffer (bytes ``[0, total)``), then ``n`` reads of ``first_len``
+    bytes (a sample's size prefix at its start, or with ``entries`` its two
+    offsets-table entries), then ``n`` shape-header reads, into one scratch
+    buffer of ``bytes``; per piece its shard, sample in the shard, token
+    count, start and end bytes, value byte and header bytes."""
+    first_len, entries = mds[0], mds[1]
+    spans = _sample_spans(shards, requests, itemsize, mds)
+    n = 0
+    for p in range(shards.shape[0]):
+        n += spans[1, p] - spans[0, p]
+    reads = np.empty((4, 3 * n), np.int64)
+    pieces = np.empty((7, n), np.int64)
+    header_at = total + n * first_len
+    k = 0
+    for p in range(shards.shape[0]):
+        s, handle = shards[p], requests[0, p]
+        first, count = requests[1, p] // itemsize, requests[2, p] // itemsize
+        for g in range(spans[0, p], spans[1, p]):
+            local, start, tokens_in, begin, end, value, head = _sample_at(s, g, mds)
+            low = max(start, first)
+            high = min(start + tokens_in, first + count)
+            reads[0, k] = handle
+            reads[1, k] = value + (low - start) * itemsize
+            reads[2, k] = (high - low) * itemsize
+            reads[3, k] = requests[3, p] + (low - first) * itemsize
+            reads[0, n + k] = handle
+            reads[1, n + k] = 4 * (1 + local) if entries else begin
+            reads[2, n + k] = first_len
+            reads[3, n + k] = total + k * first_len
+            reads[0, 2 * n + k] = handle
+            reads[1, 2 * n + k] = value - head
+            reads[2, 2 * n + k] = head
+            reads[3, 2 * n + k] = header_at
+            header_at += head
+            pieces[0, k], pieces[1, k], pieces[2, k] = s, local, tokens_in
+            pieces[3, k], pieces[4, k], pieces[5, k], pieces[6, k] = begin, end, value, head
+            k += 1
+    return reads, pieces, header_at
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _read_samples(
     s: int, handle: int, first: int, count: int, lo: int, hi: int, address: int,
     check: np.ndarray, column_sizes: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
@@ -300,19 +288,10 @@ def _read_samples(
     prefix (or offsets-table entries) and shape header read into ``check``
     and checked first (``_sample_ok``). Returns 1, a ``read_request``
     status, or ``BAD_SAMPLE``."""
-    first_len, entries, per, size, before, fixed_first, tokens, samples = mds[:8]
-    shard_samples, shard_tokens, variable, position = mds[9:]
+    first_len, entries, variable, position = mds[0], mds[1], mds[11], mds[12]
     at = check.ctypes.data
     for g in range(lo, hi):
-        if per > 0:
-            local, start, tokens_in = g, g * per, per
-            begin = fixed_first[s] + g * size
-            end, value, head = begin + size, begin + before, 0
-        else:
-            local = g - shard_samples[s]
-            start = tokens[g] - shard_tokens[s]
-            tokens_in = tokens[g + 1] - tokens[g]
-            value, begin, end, head = samples[g, 0], samples[g, 1], samples[g, 2], samples[g, 3]
+        local, start, tokens_in, begin, end, value, head = _sample_at(s, g, mds)
         status = read_request(handle, 4 * (1 + local) if entries else begin, first_len, at,
                               fds, addresses, sizes, use_pread)
         if status == 1 and head > 0:

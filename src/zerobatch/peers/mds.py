@@ -638,15 +638,10 @@ class MDSFiles(PeerFiles):
             if mds_read_requests(shards, requests, buffer, files.fds, files.addresses,
                                  files.sizes, use_pread, itemsize, tables)[0] < 0:
                 return
-        (first_len, entries, per, size, before, fixed_first, tokens, samples, column_sizes,
-         shard_samples, shard_tokens, variable, position) = tables
-        values, begins, ends, headers = samples.T
+        first_len, column_sizes, variable, position = tables[0], tables[8], tables[11], tables[12]
         total = int(buffer.size)
-        reads, pieces, scratch_bytes = mds_pieces(  # one layout: a piece is contiguous
-            shards, requests[1] // itemsize, requests[2] // itemsize,
-            requests[0], requests[3], itemsize, total, first_len, entries, per, size,
-            fixed_first, before, tokens, values, begins, ends, headers, shard_samples,
-            shard_tokens)
+        # (shards contiguous: a batch of one piece must not compile another mds_pieces)
+        reads, pieces, scratch_bytes = mds_pieces(shards, requests, itemsize, total, tables)
         scratch = np.empty(scratch_bytes, np.uint8)
         short = self.storage.read_into(reads[0], reads[1], reads[2], scratch, reads[3])
         if short >= 0:
