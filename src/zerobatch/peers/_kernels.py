@@ -12,6 +12,7 @@ from numba import njit, typed
 
 from zerobatch.storage.local import _LINE, _pointer, _prefetch, prefetch_request, read_request
 from zerobatch.stream import _kernels as stream_kernels
+from zerobatch.stream._kernels import count_at_or_below
 
 __all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "BAD_SAMPLE", "OK", "gather", "mds_check",
            "mds_pieces", "mds_read_requests", "mds_read_windows", "mds_read_windows_segments",
@@ -66,19 +67,6 @@ def megatron_offsets(
     return out[:count], OK, 0
 
 
-@njit(nogil=True, cache=True, inline="always")
-def _count_at_or_below(table: np.ndarray, value: int) -> int:
-    """How many entries of the sorted ``table`` are at or below ``value``."""
-    lo, hi = 0, table.shape[0]
-    while lo < hi:
-        middle = (lo + hi) >> 1
-        if table[middle] <= value:
-            lo = middle + 1
-        else:
-            hi = middle
-    return lo
-
-
 @njit(nogil=True, cache=True)
 def search_right(table: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Per value, how many entries of the sorted ``table`` are at or below it
@@ -87,7 +75,7 @@ def search_right(table: np.ndarray, values: np.ndarray) -> np.ndarray:
     touching O(log n) entries per value, where NumPy copies the whole table."""
     out = np.empty(values.shape[0], np.int64)
     for q in range(values.shape[0]):
-        out[q] = _count_at_or_below(table, values[q])
+        out[q] = count_at_or_below(table, values[q], 0, table.shape[0])
     return out
 
 
@@ -313,11 +301,21 @@ def _read_samples(
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _prefetch_samples(s: int, handle: int, lo: int, hi: int, addresses: np.ndarray,
-                      sizes: np.ndarray, use_pread: bool, mds: tuple) -> None:
-    """``prefetch_request`` of the file bytes of samples ``[lo, hi)`` of shard
-    ``s`` (samples lie end to end in the file), and with a dynamic shape of
-    their entries in the tables ``_read_samples`` reads."""
+def _scratch(mds: tuple) -> tuple[np.ndarray, np.ndarray]:
+    """What ``_read_samples`` checks a sample in: room for a size prefix (or two
+    offsets-table entries) and a shape header, and the column sizes."""
+    return np.empty(mds[0] + 9, np.uint8), mds[8].copy()
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _prefetch_samples(p: int, s: int, requests: np.ndarray, spans: np.ndarray,
+                      addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
+                      mds: tuple) -> None:
+    """``prefetch_request`` of the file bytes of request ``p``'s samples
+    (``spans[:, p]`` of shard ``s``; samples lie end to end in the file),
+    and with a dynamic shape of their entries in the tables
+    ``_read_samples`` reads."""
+    lo, hi = spans[0, p], spans[1, p]
     if hi <= lo:
         return
     if mds[2] > 0:
@@ -328,7 +326,25 @@ def _prefetch_samples(s: int, handle: int, lo: int, hi: int, addresses: np.ndarr
         for line in range(first - first % _LINE, mds[7].ctypes.data + 32 * hi, _LINE):
             _prefetch(line)
         begin, end = mds[7][lo, 1], mds[7][hi - 1, 2]
-    prefetch_request(handle, begin, end - begin, addresses, sizes, use_pread)
+    prefetch_request(requests[0, p], begin, end - begin, addresses, sizes, use_pread)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_request(
+    p: int, s: int, requests: np.ndarray, spans: np.ndarray, base: int, low: int, high: int,
+    check: np.ndarray, column_sizes: np.ndarray, fds: np.ndarray, addresses: np.ndarray,
+    sizes: np.ndarray, use_pread: bool, itemsize: int, mds: tuple,
+) -> int:
+    """Request ``p`` (over shard ``s``'s tokens, in the samples ``spans[:, p]``)
+    read by ``_read_samples`` to ``base`` plus its destination, which must lie
+    in ``[low, high)``. Returns ``_read_samples``' status, or -2 for a
+    destination outside."""
+    length, dest = requests[2, p], requests[3, p]
+    if length < 0 or dest < low or dest + length > high:
+        return -2
+    return _read_samples(s, requests[0, p], requests[1, p] // itemsize, length // itemsize,
+                         spans[0, p], spans[1, p], base + dest, check, column_sizes, fds,
+                         addresses, sizes, use_pread, itemsize, mds)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -339,23 +355,20 @@ def _read_mds_row(
 ) -> tuple[int, int, int, int]:
     """Window ``b`` of planned ``pieces`` (from ``p``; their ``requests`` over
     each shard's tokens, in the samples ``spans``) read into ``row`` by
-    ``_read_samples``, the next window's samples prefetched first
+    ``_read_request``, the next window's samples prefetched first
     (``ahead``: the first request not prefetched yet). Returns (the next
     window's first piece, the next ``ahead``, the failed request or -1, its
     status)."""
     itemsize = row.itemsize
     while ahead < pieces.shape[0] and pieces[ahead, _OBS] <= b + 1:
-        _prefetch_samples(pieces[ahead, _SHARD], requests[0, ahead], spans[0, ahead],
-                          spans[1, ahead], addresses, sizes, use_pread, mds)
+        _prefetch_samples(ahead, pieces[ahead, _SHARD], requests, spans, addresses, sizes,
+                          use_pread, mds)
         ahead += 1
     base = row.ctypes.data - b * n * itemsize  # request destinations are batch offsets
     while p < pieces.shape[0] and pieces[p, _OBS] == b:
-        length, dest = requests[2, p], requests[3, p]
-        if length < 0 or dest < b * n * itemsize or dest + length > (b + 1) * n * itemsize:
-            return p, ahead, p, -2
-        status = _read_samples(pieces[p, _SHARD], requests[0, p], requests[1, p] // itemsize,
-                               length // itemsize, spans[0, p], spans[1, p], base + dest, check,
-                               column_sizes, fds, addresses, sizes, use_pread, itemsize, mds)
+        status = _read_request(p, pieces[p, _SHARD], requests, spans, base, b * n * itemsize,
+                               (b + 1) * n * itemsize, check, column_sizes, fds, addresses,
+                               sizes, use_pread, itemsize, mds)
         if status < 1:
             return p, ahead, p, status
         p += 1
@@ -369,29 +382,22 @@ def mds_read_requests(
 ) -> tuple[int, int]:
     """``MDSFiles.read_scattered``'s ``requests`` (``(4, P)``: handle, byte
     offset and bytes over shard ``shards[p]``'s tokens, byte destination in
-    ``buffer``) read from local files in one call: each request's samples
-    checked and copied by ``_read_samples``, the next request's prefetched
-    first (``mds``: ``MDSFiles.kernel_tables``). Returns (the failed request
-    or -1, its ``read_request`` status, -2 for a destination outside
-    ``buffer``, or ``BAD_SAMPLE``)."""
+    ``buffer``) read from local files in one call by ``_read_request``, the
+    next request's samples prefetched first (``mds``:
+    ``MDSFiles.kernel_tables``). Returns (the failed request or -1, its
+    status)."""
     spans = _sample_spans(shards, requests, itemsize, mds)
-    check = np.empty(mds[0] + 9, np.uint8)
-    column_sizes = mds[8].copy()
-    base = buffer.ctypes.data
+    check, column_sizes = _scratch(mds)
     count = shards.shape[0]
-    if count:
-        _prefetch_samples(shards[0], requests[0, 0], spans[0, 0], spans[1, 0], addresses, sizes,
-                          use_pread, mds)
     for p in range(count):
+        if p == 0:
+            _prefetch_samples(0, shards[0], requests, spans, addresses, sizes, use_pread, mds)
         if p + 1 < count:
-            _prefetch_samples(shards[p + 1], requests[0, p + 1], spans[0, p + 1],
-                              spans[1, p + 1], addresses, sizes, use_pread, mds)
-        length, dest = requests[2, p], requests[3, p]
-        if length < 0 or dest < 0 or dest + length > buffer.shape[0]:
-            return p, -2
-        status = _read_samples(shards[p], requests[0, p], requests[1, p] // itemsize,
-                               length // itemsize, spans[0, p], spans[1, p], base + dest, check,
-                               column_sizes, fds, addresses, sizes, use_pread, itemsize, mds)
+            _prefetch_samples(p + 1, shards[p + 1], requests, spans, addresses, sizes,
+                              use_pread, mds)
+        status = _read_request(p, shards[p], requests, spans, buffer.ctypes.data, 0,
+                               buffer.shape[0], check, column_sizes, fds, addresses, sizes,
+                               use_pread, itemsize, mds)
         if status < 1:
             return p, status
     return -1, 1
@@ -413,8 +419,7 @@ def mds_read_windows(
         indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
-    check = np.empty(mds[0] + 9, np.uint8)  # a size prefix (or two entries), a shape header
-    column_sizes = mds[8].copy()
+    check, column_sizes = _scratch(mds)
     spans = _sample_spans(pieces[:, _SHARD].copy(), requests, row.itemsize, mds)
     p = ahead = 0
     for b in range(indices.shape[0]):
@@ -447,8 +452,7 @@ def mds_read_windows_segments(
     if code != _DOCS_OK:
         return -1, -1, -1, 1, code, shard, -1
     mask_starts = shift == 0 and labels.shape[0] > 0
-    check = np.empty(mds[0] + 9, np.uint8)
-    column_sizes = mds[8].copy()
+    check, column_sizes = _scratch(mds)
     spans = _sample_spans(pieces[:, _SHARD].copy(), requests, row.itemsize, mds)
     p = ahead = 0
     for b in range(indices.shape[0]):
@@ -507,7 +511,7 @@ def plan_mapped_documents(
     kept = 0
     for b in range(count):
         i = indices[b]
-        s = _count_at_or_below(starts, i) - 1  # the last shard starting at or below i
+        s = count_at_or_below(starts, i, 0, starts.shape[0]) - 1  # the last shard at or below i
         f = files[s]
         at = entries[s] + i - starts[s]
         if at < 0 or at + 1 >= counts[f]:

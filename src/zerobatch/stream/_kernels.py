@@ -990,6 +990,19 @@ def span_rows_status(table: np.ndarray, docs: np.ndarray, records: int) -> tuple
 
 
 @njit(nogil=True, cache=True, inline="always")
+def count_at_or_below(table: np.ndarray, value: int, lo: int, hi: int) -> int:
+    """How many entries of the sorted ``table[:hi]`` are at or below ``value``,
+    knowing that the first ``lo`` are (a binary search of ``[lo, hi)``)."""
+    while lo < hi:
+        middle = (lo + hi) >> 1
+        if table[middle] <= value:
+            lo = middle + 1
+        else:
+            hi = middle
+    return lo
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _shard_from(shard_starts: np.ndarray, first: int, record: int) -> int:
     """``np.searchsorted(shard_starts, record, side="right") - 1`` when
     ``shard_starts[first] <= record``: a gallop from ``first``, then a binary
@@ -1001,15 +1014,7 @@ def _shard_from(shard_starts: np.ndarray, first: int, record: int) -> int:
     while lo + step < top and shard_starts[lo + step] <= record:
         lo += step
         step *= 2
-    hi = min(lo + step, top)  # shard_starts[hi] > record, or the end
-    lo += 1
-    while lo < hi:
-        middle = (lo + hi) >> 1
-        if shard_starts[middle] <= record:
-            lo = middle + 1
-        else:
-            hi = middle
-    return lo - 1
+    return count_at_or_below(shard_starts, record, lo + 1, min(lo + step, top)) - 1
 
 
 @njit(nogil=True, cache=True)
