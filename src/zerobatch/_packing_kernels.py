@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit
 from numba.cpython.unsafe.numbers import trailing_zeros
 
+from zerobatch._jit import njit
 from zerobatch.storage.local import mapped_records, prefetch_request, read_request
 from zerobatch.stream.manifest import TOKEN
 

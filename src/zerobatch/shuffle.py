@@ -22,7 +22,8 @@ from typing import overload
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
+
+from zerobatch._jit import njit
 
 __all__ = ["DEFAULT_ROUNDS", "MAX_LENGTH", "BlockShuffle", "Feistel"]
 

@@ -74,9 +74,9 @@ from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-from numba import njit
 
 from zerobatch._column_hints import COLUMN_HINTS, missing_column
+from zerobatch._jit import njit
 from zerobatch.columnar import Jagged
 
 __all__ = ["COLUMN_HINTS", "IGNORE_INDEX", "LABEL_MODES", "OUTPUTS", "Columns",

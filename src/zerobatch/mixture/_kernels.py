@@ -8,8 +8,8 @@ cumulative counts are below 2**63 because positions are.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from zerobatch._jit import njit
 from zerobatch.plan import _EPOCH_DOMAIN
 from zerobatch.shuffle import DEFAULT_ROUNDS, _mix, fill_round_keys, permute_one
 from zerobatch.stream._kernels import read_window_rows, read_window_rows_segments

@@ -464,7 +464,7 @@ class MixtureOrder:
         args = self.step_blocks(positions, stop)
         if args is None:
             return None
-        outside, over = k.observe_rows(*args, table, out)  # type: ignore[call-arg]  # a Dispatcher
+        outside, over = k.observe_rows(*args, table, out)
         return None if outside >= 0 else over
 
     def slots_before(self, position: int) -> npt.NDArray[np.int64]:

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import njit, typed
+from numba import typed
 
+from zerobatch._jit import njit
 from zerobatch.storage.local import _LINE, _pointer, _prefetch, prefetch_request, read_request
 from zerobatch.stream import _kernels as stream_kernels
 from zerobatch.stream._kernels import count_at_or_below
@@ -118,7 +119,10 @@ def _sample_ok(
         before = np.int64(0)
         for c in range(position):
             before += column_sizes[c]
-        if (first_len + column_sizes.sum() != end - begin
+        every = before  # (a loop, not .sum(): see zerobatch._jit)
+        for c in range(position, column_sizes.shape[0]):
+            every += column_sizes[c]
+        if (first_len + every != end - begin
                 or begin + first_len + before + head != value
                 or column_sizes[position] != head + tokens_in * itemsize):
             return False

@@ -69,11 +69,12 @@ import numba
 import numpy as np
 import numpy.typing as npt
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from zerobatch import _forksafe
+from zerobatch._jit import njit
 from zerobatch.storage.protocol import byte_view, check_buffer
 
 try:  # imported now: out of descriptors, an import cannot open its file

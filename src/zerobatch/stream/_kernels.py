@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core.extending import intrinsic
 
+from zerobatch._jit import njit
 from zerobatch.storage.local import prefetch_request, read_request
 from zerobatch.stream.manifest import (
     DOCS,
@@ -109,15 +110,15 @@ def plan_windows(
         if i < 0 or i >= count:
             return np.empty((0, 5), np.int64), np.empty((4, 0), np.int64), -1, b
         g = i * stride
-        s0 = np.searchsorted(shard_starts, g, side="right") - 1
-        s1 = np.searchsorted(shard_starts, g + n - 1, side="right") - 1
+        s0 = count_at_or_below(shard_starts, g, 0, shard_starts.shape[0]) - 1
+        s1 = count_at_or_below(shard_starts, g + n - 1, 0, shard_starts.shape[0]) - 1
         total += s1 - s0 + 1
     pieces = np.empty((total, 5), np.int64)
     p = 0
     for b in range(indices.shape[0]):
         g = indices[b] * stride
         end = g + n
-        s = np.searchsorted(shard_starts, g, side="right") - 1
+        s = count_at_or_below(shard_starts, g, 0, shard_starts.shape[0]) - 1
         pos = g
         while pos < end:
             take = min(end, shard_starts[s + 1]) - pos
@@ -178,7 +179,7 @@ def plan_documents(
         d = indices[b]
         if d < 0 or d >= total_docs:
             return pieces[:0], offsets, b, OK, 0
-        s = np.searchsorted(doc_starts, d, side="right") - 1
+        s = count_at_or_below(doc_starts, d, 0, doc_starts.shape[0]) - 1
         k = d - doc_starts[s]
         slot = s % _TABLE_SLOTS
         if cached[slot] != s:
@@ -209,7 +210,7 @@ def _first_document(table: np.ndarray, record: int) -> int:
     """The document of ``table`` (a shard's offsets) holding ``record``, or -1
     when the offsets do not bracket it."""
     first = np.uint64(record)
-    k0 = np.searchsorted(table, first, side="right") - 1
+    k0 = count_at_or_below(table, first, 0, table.shape[0]) - 1
     if k0 < 0 or k0 + 1 >= table.shape[0] or not table[k0] <= first < table[k0 + 1]:
         return -1
     return int(k0)

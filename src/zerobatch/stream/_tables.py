@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit, typed
+from numba import typed
+
+from zerobatch._jit import njit
 
 __all__ = ["typed_tables"]
 

@@ -18,6 +18,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from zerobatch._jit import njit
+
 __all__ = ["ERRORS", "decode", "encode"]
 
 _TAG_U16 = 251
@@ -50,7 +52,7 @@ ERRORS = {
 """Error code -> (message, field)."""
 
 
-@numba.njit((_BYTES, _I64), cache=True, nogil=True)
+@njit((_BYTES, _I64), cache=True, nogil=True)
 def _varint(h: Any, pos: Any) -> Any:
     """(value, next position, error code) for the varint at ``pos``."""
     n = h.size
@@ -74,7 +76,7 @@ def _varint(h: Any, pos: Any) -> Any:
     return value, pos + 1 + width, OK
 
 
-@numba.njit((_BYTES, _I64, _I64, _I64, _I64), cache=True, nogil=True)
+@njit((_BYTES, _I64, _I64, _I64, _I64), cache=True, nogil=True)
 def _bytes_less(h: Any, a: int, a_len: int, b: int, b_len: int) -> bool:
     for k in range(min(a_len, b_len)):
         if h[a + k] != h[b + k]:
@@ -82,20 +84,20 @@ def _bytes_less(h: Any, a: int, a_len: int, b: int, b_len: int) -> bool:
     return a_len < b_len
 
 
-@numba.njit((_I64, _I64, _I64), cache=True, nogil=True)
+@njit((_I64, _I64, _I64), cache=True, nogil=True)
 def _fail(code: int, pos: int, row: int) -> Any:
     return (code, pos, row, False, np.zeros((0, 2, 2), np.int64), np.zeros((0, 2), np.int64),
             True, np.zeros(0, np.uint8), np.zeros(0, np.uint64), np.zeros(1, np.int64),
             np.zeros(0, np.uint64), np.zeros(0, np.uint64))
 
 
-@numba.njit((numba.types.uint64, _I64), cache=True, nogil=True)
+@njit((numba.types.uint64, _I64), cache=True, nogil=True)
 def _fits(count: Any, room: int) -> bool:
     """Whether a decoded count is at most ``room`` (a non-negative int)."""
     return count <= np.uint64(max(room, 0))
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def decode(h: Any) -> Any:
     """Decode header bytes ``h`` (uint8 array, padding included).
 

@@ -14,6 +14,8 @@ from typing import Any
 import numba
 import numpy as np
 
+from zerobatch._jit import njit
+
 __all__ = ["ERRORS", "scan"]
 
 OK = 0
@@ -49,7 +51,7 @@ _KEY_OFFSETS = np.frombuffer(b"data_offsets", np.uint8)
 _KEY_METADATA = np.frombuffer(b"__metadata__", np.uint8)
 
 
-@numba.njit((_BYTES, _I64), cache=True, nogil=True)
+@njit((_BYTES, _I64), cache=True, nogil=True)
 def _skip_ws(h: Any, pos: Any) -> Any:
     n = h.size
     while pos < n and (h[pos] == 0x20 or h[pos] == 0x0A or h[pos] == 0x0D or h[pos] == 0x09):
@@ -57,7 +59,7 @@ def _skip_ws(h: Any, pos: Any) -> Any:
     return pos
 
 
-@numba.njit((_BYTES, _I64), cache=True, nogil=True)
+@njit((_BYTES, _I64), cache=True, nogil=True)
 def _string(h: Any, pos: Any) -> Any:
     """(end of content, position after the closing quote, escaped, error); ``pos`` at '"'."""
     n = h.size
@@ -93,7 +95,7 @@ def _string(h: Any, pos: Any) -> Any:
     return 0, pos, False, _SYNTAX
 
 
-@numba.njit((_BYTES, _I64), cache=True, nogil=True)
+@njit((_BYTES, _I64), cache=True, nogil=True)
 def _uint(h: Any, pos: Any) -> Any:
     """(value, next position, error) for a JSON integer in [0, 2**64)."""
     n = h.size
@@ -115,7 +117,7 @@ def _uint(h: Any, pos: Any) -> Any:
     return value, pos, OK
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _equals(h: Any, start: Any, end: Any, word: Any) -> bool:
     if end - start != word.size:
         return False
@@ -125,7 +127,7 @@ def _equals(h: Any, start: Any, end: Any, word: Any) -> bool:
     return True
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _dtype(h: Any, start: Any, end: Any, table: Any, lengths: Any) -> Any:
     """The code of the dtype string ``h[start:end]``, or -1."""
     size = end - start
@@ -140,14 +142,14 @@ def _dtype(h: Any, start: Any, end: Any, table: Any, lengths: Any) -> Any:
     return -1
 
 
-@numba.njit((_I64, _I64, _I64), cache=True, nogil=True)
+@njit((_I64, _I64, _I64), cache=True, nogil=True)
 def _fail(code: Any, pos: Any, row: Any) -> Any:
     empty = np.zeros((0, 3), np.int64)
     return (code, pos, row, False, empty, empty, np.zeros(0, np.uint8), np.zeros(0, np.uint64),
             np.zeros(1, np.int64), np.zeros(0, np.uint64), np.zeros(0, np.uint64))
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def scan(h: Any, table: Any, lengths: Any, strings: Any, numbers: Any) -> Any:
     """Scan header bytes ``h``; ``table``/``lengths`` hold the dtype strings by code.
 

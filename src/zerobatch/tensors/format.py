@@ -93,9 +93,9 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-import numba
 import numpy as np
 
+from zerobatch._jit import njit
 from zerobatch.errors import FormatError
 from zerobatch.tensors import _bincode, _json_scan
 
@@ -548,7 +548,7 @@ _TOO_MANY_DIMS = 7
 _BITS = np.array([d.bits for d in DTYPES], np.uint64)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _walk(order: Any, bits: Any, codes: Any, dims: Any, starts: Any, begins: Any,
           ends: Any) -> Any:
     """(error, row, end of the last tensor) walking rows in ``order`` from offset 0."""

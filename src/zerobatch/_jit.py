@@ -1,0 +1,70 @@
+"""``njit`` for zerobatch's kernels, loading them from Numba's on-disk cache
+without the whole compiler.
+
+Numba's ``FunctionCache.load_overload`` refreshes the CPU target before it
+loads a cached kernel: it imports every typing and lowering registry Numba
+has (NumPy's linear algebra among them, which imports ``scipy.linalg`` to
+find a BLAS). In a fresh process that is 0.2-0.4 s and tens of MiB before the
+first batch, though a cached kernel is machine code that needs none of it:
+only Numba's runtime (NRT, for the arrays a kernel allocates). Every process
+pays it: each torchrun rank, each spawned DataLoader worker.
+
+Kernels decorated here load with the runtime alone. A kernel that is not in
+the cache compiles as usual (Numba's compiler refreshes the target itself),
+and a load that fails for any reason falls back to Numba's own path, so the
+result never differs from ``numba.njit``'s.
+
+Kernels reached by a first batch must not call NumPy functions that Numba
+implements in ``numba.np.arraymath`` (``np.searchsorted``, ``np.cumsum``, ...):
+rebuilding such a kernel imports that module, and with it SciPy. Use the
+project's own loops (``stream._kernels.count_at_or_below``);
+``tests/test_jit.py`` checks a fresh process's first batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numba
+from numba.core.caching import FunctionCache
+
+__all__ = ["njit"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _KernelCache(FunctionCache):
+    """Numba's per-function cache, loading an entry with the runtime only."""
+
+    def load_overload(self, sig: Any, target_context: Any) -> Any:
+        from numba.core.runtime import rtsys
+
+        try:
+            rtsys.initialize(target_context)
+            with self._guard_against_spurious_io_errors():
+                return self._load_overload(sig, target_context)
+        except Exception:  # an entry this path cannot rebuild: Numba's own load
+            return super().load_overload(sig, target_context)
+
+
+def njit(signature: Any = None, **options: Any) -> Any:
+    """``numba.njit`` with the light cache load above when ``cache=True``:
+    ``@njit``, ``@njit(cache=True, nogil=True)``, or with a signature (or a
+    list of them), compiled (or loaded) when decorated, as Numba does."""
+    if callable(signature):
+        return njit(**options)(signature)
+    signatures = [] if signature is None else (
+        signature if isinstance(signature, list) else [signature])
+
+    def decorate(py_function: F) -> F:
+        dispatcher = numba.njit(**options)(py_function)
+        if options.get("cache"):
+            dispatcher._cache = _KernelCache(py_function)
+        for each in signatures:
+            dispatcher.compile(each)
+        if signatures:
+            dispatcher.disable_compile()
+        return dispatcher
+
+    return decorate

@@ -1,0 +1,99 @@
+"""``zerobatch._jit``: a fresh process loads its cached kernels with Numba's
+runtime alone, never importing Numba's whole compiler (nor SciPy through its
+BLAS check), and reads the same batches as the process that compiled them.
+
+Each case runs in two child processes, one after the other: the first may
+compile what this process did not (and caches it), the second loads every
+kernel from the cache. Both must print the batch this process reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from zerobatch import Loader, StreamWriter, open_dataset
+from zerobatch.mixture import Mixture
+
+# Modules that a cache load must not import: Numba's lowering registries
+# (``arraymath`` imports ``scipy.linalg``) and SciPy's linear algebra.
+HEAVY = ("numba.np.arraymath", "numba.np.linalg", "numba.np.npyimpl", "scipy.linalg")
+
+CASES = {
+    "windows": "ds.windows(64, document_masking=True)",
+    "documents": "ds.documents()",
+    "mixture": "Mixture({'a': ds.windows(64), 'b': other.windows(64)}, {'a': 0.7, 'b': 0.3},"
+               " length=200)",
+    "packed": "ds.documents().packed(96)",
+}
+
+_CHILD = """
+import hashlib, json, sys
+import numpy as np
+from zerobatch import Loader, open_dataset
+from zerobatch.mixture import Mixture
+ds, other = open_dataset(sys.argv[1]), open_dataset(sys.argv[2])
+source = {source}
+batches = [b for _, b in zip(range(3), Loader(source, 4, seed=5, output="numpy"), strict=False)]
+heavy = [m for m in {heavy!r} if m in sys.modules]
+print(json.dumps({{"digest": digest(batches), "heavy": heavy}}))
+"""
+
+
+def digest(batches: list[Any]) -> str:
+    """A hash of every column of ``batches`` (names, dtypes, values)."""
+    h = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch.keys()):
+            column = batch[name]  # an array, or a Jagged's values and offsets
+            for part in ((column.values, column.offsets) if hasattr(column, "offsets")
+                         else (column,)):
+                value = np.ascontiguousarray(part)
+                h.update(f"{name}:{value.dtype.str}:{value.shape}".encode())
+                h.update(value.tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("jit")
+    rng = np.random.default_rng(3)
+    paths = []
+    for name, documents in (("one", 120), ("two", 60)):
+        with StreamWriter(root / name, token_dtype="<u2") as writer:
+            for _ in range(documents):
+                writer.add_document(rng.integers(0, 50_000, int(rng.integers(1, 90)), np.uint16))
+        paths.append(root / name)
+    return paths[0], paths[1]
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_fresh_process_loads_its_kernels_without_numbas_compiler(
+        case: str, corpora: tuple[Path, Path]) -> None:
+    one, two = corpora
+    ds, other = open_dataset(one), open_dataset(two)
+    source = eval(CASES[case], {"Mixture": Mixture}, {"ds": ds, "other": other})
+    batches = Loader(source, 4, seed=5, output="numpy")
+    expected = digest([b for _, b in zip(range(3), batches, strict=False)])
+    child = "import hashlib\nimport numpy as np\nfrom typing import Any\n" + inspect.getsource(
+        digest) + _CHILD.format(source=CASES[case], heavy=HEAVY)
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    for run in ("compiles what is missing", "loads from the cache"):
+        out = subprocess.run([sys.executable, "-c", child, str(one), str(two)], env=env,
+                             capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["digest"] == expected, f"{case}: the child that {run} read other batches"
+    assert result["heavy"] == [], (
+        f"{case}: loading cached kernels imported {result['heavy']}; a kernel on this path "
+        f"calls a NumPy function Numba implements in numba.np.arraymath (see zerobatch._jit)")
+
