@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numba.core.caching import FunctionCache
 
-from zerobatch import Loader, StreamWriter, open_dataset
+from zerobatch import Loader, StreamWriter, _jit, open_dataset
 from zerobatch.mixture import Mixture
 
 # Modules that a cache load must not import: Numba's lowering registries
@@ -97,3 +98,32 @@ def test_a_fresh_process_loads_its_kernels_without_numbas_compiler(
         f"{case}: loading cached kernels imported {result['heavy']}; a kernel on this path "
         f"calls a NumPy function Numba implements in numba.np.arraymath (see zerobatch._jit)")
 
+
+
+def test_a_load_this_path_cannot_rebuild_is_left_to_numba(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever goes wrong in the light load, Numba's own load runs instead
+    (and a kernel it cannot load either compiles)."""
+    seen: list[Any] = []
+
+    def fails(self: Any, sig: Any, target_context: Any) -> Any:
+        raise RuntimeError("an entry the light load cannot rebuild")
+
+    monkeypatch.setattr(_jit._KernelCache, "_load_overload", fails)
+    monkeypatch.setattr(FunctionCache, "load_overload",
+                        lambda self, sig, target_context: seen.append(sig))
+
+    def twice(x: int) -> int:
+        return 2 * x
+
+    kernel = _jit.njit(twice, cache=True)
+    assert isinstance(kernel._cache, _jit._KernelCache)
+    assert kernel(21) == 42  # Numba's load found nothing: compiled
+    assert len(seen) == 1
+
+
+def test_a_signature_compiles_when_decorated_as_numba_does() -> None:
+    kernel = _jit.njit("int64(int64)", cache=False)(lambda x: x + 1)
+    assert [str(s) for s in kernel.signatures] == ["(int64,)"]
+    assert kernel(1) == 2
+    with pytest.raises(TypeError):
+        kernel(1.5j)  # compiling another signature is off, as numba.njit(signature) leaves it

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import numba
 from numba.core.caching import FunctionCache
+from numba.core.dispatcher import Dispatcher
 
 __all__ = ["njit"]
 
@@ -57,10 +58,13 @@ def njit(signature: Any = None, **options: Any) -> Any:
     signatures = [] if signature is None else (
         signature if isinstance(signature, list) else [signature])
 
-    def decorate(py_function: F) -> F:
+    def decorate(py_function: F) -> Any:
         dispatcher = numba.njit(**options)(py_function)
+        if not isinstance(dispatcher, Dispatcher):  # NUMBA_DISABLE_JIT: the function itself
+            return dispatcher
         if options.get("cache"):
-            dispatcher._cache = _KernelCache(py_function)
+            # Numba's own slot for it (Dispatcher.enable_caching sets it)
+            dispatcher._cache = _KernelCache(py_function)  # type: ignore[attr-defined]
         for each in signatures:
             dispatcher.compile(each)
         if signatures:
