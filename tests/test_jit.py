@@ -127,3 +127,40 @@ def test_a_signature_compiles_when_decorated_as_numba_does() -> None:
     assert kernel(1) == 2
     with pytest.raises(TypeError):
         kernel(1.5j)  # compiling another signature is off, as numba.njit(signature) leaves it
+
+
+_CALLEE = "from zerobatch._jit import njit\n\n@njit(inline='always')\ndef value():\n    return {}\n"
+_CALLER = """from zerobatch._jit import njit
+from kernels.callee import value
+
+@njit(cache=True)
+def get():
+    return value()
+"""
+
+
+def test_a_kernel_compiles_again_when_a_callees_module_changes(tmp_path: Path) -> None:
+    """The caller's file is unchanged, its callee's module is edited: a cached
+    caller must not keep the callee it inlined before. (With ``numba.njit``
+    in the caller, numba 0.68 prints 1 at the end: its entries are stamped
+    with the caller's file alone.)"""
+    package = tmp_path / "kernels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "caller.py").write_text(_CALLER)
+    callee = package / "callee.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+
+    def get() -> int:
+        out = subprocess.run([sys.executable, "-c", "from kernels.caller import get; print(get())"],
+                             env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return int(out.stdout.split()[-1])
+
+    callee.write_text(_CALLEE.format(1))
+    assert get() == 1  # compiled and cached
+    assert get() == 1  # loaded from the cache
+    callee.write_text(_CALLEE.format(2))
+    later = callee.stat().st_mtime_ns + 10**9
+    os.utime(callee, ns=(later, later))
+    assert get() == 2

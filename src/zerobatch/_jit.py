@@ -19,10 +19,21 @@ implements in ``numba.np.arraymath`` (``np.searchsorted``, ``np.cumsum``, ...):
 rebuilding such a kernel imports that module, and with it SciPy. Use the
 project's own loops (``stream._kernels.count_at_or_below``);
 ``tests/test_jit.py`` checks a fresh process's first batches.
+
+Numba stamps a cache entry with the mtime and size of the kernel's own file
+only, though the machine code holds every callee it inlined and every global
+it read, from any module: edit a callee's module alone (a git pull, a
+checkout) and the caller kept its old code. Entries made here are stamped
+with every ``.py`` file of the kernel's top-level package, so any change to
+the package compiles its kernels again.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -35,8 +46,37 @@ __all__ = ["njit"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+@functools.cache
+def _package_stamp(root: str) -> str:
+    """A digest of the path, mtime and size of every ``.py`` file under ``root``."""
+    stamps = []
+    for folder, folders, files in os.walk(root):
+        folders[:] = sorted(f for f in folders if f != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                stat = os.stat(path)
+                stamps.append(f"{os.path.relpath(path, root)}:{stat.st_mtime_ns}:{stat.st_size}")
+    return hashlib.blake2b("\n".join(stamps).encode(), digest_size=16).hexdigest()
+
+
+def _package_root(py_function: Callable[..., Any]) -> str | None:
+    """The folder of ``py_function``'s top-level package, or None (a script's)."""
+    module = sys.modules.get(py_function.__module__.partition(".")[0])
+    paths = getattr(module, "__path__", None)
+    return None if not paths else str(next(iter(paths)))
+
+
 class _KernelCache(FunctionCache):
-    """Numba's per-function cache, loading an entry with the runtime only."""
+    """Numba's per-function cache, loading an entry with the runtime only; its
+    entries are stamped with the whole package's sources (the module docstring)."""
+
+    def __init__(self, py_function: Callable[..., Any]) -> None:
+        super().__init__(py_function)
+        root = _package_root(py_function)
+        if root is not None:
+            cache_file = self._cache_file
+            cache_file._source_stamp = (cache_file._source_stamp, _package_stamp(root))
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         from numba.core.runtime import rtsys
