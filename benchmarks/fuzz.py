@@ -1773,7 +1773,7 @@ def warm_up(target: Target) -> None:
     harness bug."""
     read = target.remote or target.read
     _warm_codecs()
-    if target.on_disk:
+    if target.on_disk or target.remote is not None:  # a remote target reads the same tokens
         _warm_token_kernels()
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:
         scratch = Scratch(Path(tmp))
