@@ -99,11 +99,13 @@ def njit(signature: Any = None, **options: Any) -> Any:
         signature if isinstance(signature, list) else [signature])
 
     def decorate(py_function: F) -> Any:
-        dispatcher = numba.njit(**options)(py_function)
+        # cache=False here: Numba's own cache would be made (a file written to
+        # check the folder) and replaced at once
+        dispatcher = numba.njit(**{**options, "cache": False})(py_function)
         if not isinstance(dispatcher, Dispatcher):  # NUMBA_DISABLE_JIT: the function itself
             return dispatcher
         if options.get("cache"):
-            # Numba's own slot for it (Dispatcher.enable_caching sets it)
+            # Numba's own slot for it (what Dispatcher.enable_caching sets)
             dispatcher._cache = _KernelCache(py_function)  # type: ignore[attr-defined]
         for each in signatures:
             dispatcher.compile(each)
