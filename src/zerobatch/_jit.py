@@ -73,14 +73,24 @@ class _KernelCache(FunctionCache):
 
     def __init__(self, py_function: Callable[..., Any]) -> None:
         super().__init__(py_function)
-        root = _package_root(py_function)
-        if root is not None:
+        self._root = _package_root(py_function)
+
+    def _stamp(self) -> None:
+        """Stamp the entries with the package's sources: on the first load or
+        save, not at import (the package's files are stat-ed once a process)."""
+        if self._root is not None:
             cache_file = self._cache_file
-            cache_file._source_stamp = (cache_file._source_stamp, _package_stamp(root))
+            cache_file._source_stamp = (cache_file._source_stamp, _package_stamp(self._root))
+            self._root = None
+
+    def save_overload(self, sig: Any, data: Any) -> None:
+        self._stamp()
+        super().save_overload(sig, data)
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
         from numba.core.runtime import rtsys
 
+        self._stamp()
         try:
             rtsys.initialize(target_context)
             with self._guard_against_spurious_io_errors():

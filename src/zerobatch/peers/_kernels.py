@@ -379,6 +379,36 @@ def _read_mds_row(
     return p, ahead, -1, 1
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _row_scratch(pieces: np.ndarray, requests: np.ndarray, row: np.ndarray, mds: tuple
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What the window kernels read planned ``pieces`` with: ``_scratch``'s two
+    arrays and each request's samples (``_sample_spans``)."""
+    check, column_sizes = _scratch(mds)
+    return check, column_sizes, _sample_spans(pieces[:, _SHARD].copy(), requests, row.itemsize,
+                                              mds)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _read_cast_mds_row(
+    b: int, p: int, ahead: int, pieces: np.ndarray, requests: np.ndarray, spans: np.ndarray,
+    n: int, row: np.ndarray, check: np.ndarray, column_sizes: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, mds: tuple,
+) -> tuple[int, int, int, int, bool]:
+    """``_read_mds_row``, then the row cast into ``inputs`` and ``labels``
+    (``stream._kernels._decode_tokens``). Returns ``_read_mds_row``'s four
+    values and whether every id lies inside ``bounds`` (True when the read
+    failed: nothing was cast)."""
+    p, ahead, failed, status = _read_mds_row(b, p, ahead, pieces, requests, spans, n, row,
+                                             check, column_sizes, fds, addresses, sizes,
+                                             use_pread, mds)
+    if failed >= 0:
+        return p, ahead, failed, status, True
+    return p, ahead, -1, status, stream_kernels._decode_tokens(b, row, seq_len, inputs, labels,
+                                                               shift, bounds)
+
+
 @njit(nogil=True, cache=True)
 def mds_read_requests(
     shards: np.ndarray, requests: np.ndarray, buffer: np.ndarray, fds: np.ndarray,
@@ -423,16 +453,15 @@ def mds_read_windows(
         indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
-    check, column_sizes = _scratch(mds)
-    spans = _sample_spans(pieces[:, _SHARD].copy(), requests, row.itemsize, mds)
+    check, column_sizes, spans = _row_scratch(pieces, requests, row, mds)
     p = ahead = 0
     for b in range(indices.shape[0]):
-        p, ahead, failed, status = _read_mds_row(b, p, ahead, pieces, requests, spans, n, row,
-                                                 check, column_sizes, fds, addresses, sizes,
-                                                 use_pread, mds)
+        p, ahead, failed, status, inside = _read_cast_mds_row(
+            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fds, addresses,
+            sizes, use_pread, seq_len, inputs, labels, shift, bounds, mds)
         if failed >= 0:
             return -1, -1, failed, status, _DOCS_OK, 0, -1
-        if not stream_kernels._decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
+        if not inside:
             return -1, -1, -1, 1, _DOCS_OK, 0, b
     return -1, -1, -1, 1, _DOCS_OK, 0, -1
 
@@ -456,17 +485,16 @@ def mds_read_windows_segments(
     if code != _DOCS_OK:
         return -1, -1, -1, 1, code, shard, -1
     mask_starts = shift == 0 and labels.shape[0] > 0
-    check, column_sizes = _scratch(mds)
-    spans = _sample_spans(pieces[:, _SHARD].copy(), requests, row.itemsize, mds)
+    check, column_sizes, spans = _row_scratch(pieces, requests, row, mds)
     p = ahead = 0
     for b in range(indices.shape[0]):
         first = p
-        p, ahead, failed, status = _read_mds_row(b, p, ahead, pieces, requests, spans, n, row,
-                                                 check, column_sizes, fds, addresses, sizes,
-                                                 use_pread, mds)
+        p, ahead, failed, status, inside = _read_cast_mds_row(
+            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fds, addresses,
+            sizes, use_pread, seq_len, inputs, labels, shift, bounds, mds)
         if failed >= 0:
             return -1, -1, failed, status, _DOCS_OK, 0, -1
-        if not stream_kernels._decode_tokens(b, row, seq_len, inputs, labels, shift, bounds):
+        if not inside:
             return -1, -1, -1, 1, _DOCS_OK, 0, b
         _, code, shard = stream_kernels._row_segments(b, first, pieces, n, seq_len, docs, firsts,
                                                       labels, mask_starts, out)

@@ -170,10 +170,6 @@ class _Global:
         return self.samples[:, 1]
 
     @property
-    def ends(self) -> npt.NDArray[np.int64]:
-        return self.samples[:, 2]
-
-    @property
     def headers(self) -> npt.NDArray[np.int64]:
         return self.samples[:, 3]
 
