@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import pytest
 from numba.core.caching import FunctionCache
@@ -28,7 +29,8 @@ from zerobatch.mixture import Mixture
 
 # Modules that a cache load must not import: Numba's lowering registries
 # (``arraymath`` imports ``scipy.linalg``) and SciPy's linear algebra.
-HEAVY = ("numba.np.arraymath", "numba.np.linalg", "numba.np.npyimpl", "scipy.linalg")
+HEAVY = ("numba.np.arraymath", "numba.np.linalg", "numba.np.npyimpl", "scipy.linalg",
+         "numpy.ma")
 
 CASES = {
     "windows": "ds.windows(64, document_masking=True)",
@@ -43,12 +45,19 @@ import hashlib, json, sys
 import numpy as np
 from zerobatch import Loader, open_dataset
 from zerobatch.mixture import Mixture
+from numba.core import entrypoints
+from numba.core.runtime import nrtdynmod
+compiled = []
+_create = nrtdynmod.create_nrt_module
+nrtdynmod.create_nrt_module = lambda *a: compiled.append(1) or _create(*a)
 ds, other = open_dataset(sys.argv[1]), open_dataset(sys.argv[2])
 for case, source in {cases!r}.items():
     loader = Loader(eval(source), 4, seed=5, output="numpy")
     batches = [b for _, b in zip(range(3), loader, strict=False)]
     heavy = [m for m in {heavy!r} if m in sys.modules]
-    print(json.dumps({{"case": case, "digest": digest(batches), "heavy": heavy}}))
+    print(json.dumps({{"case": case, "digest": digest(batches), "heavy": heavy,
+                      "runtime compiled": len(compiled),
+                      "extensions loaded": entrypoints._already_initialized}}))
 """
 
 
@@ -102,6 +111,9 @@ def test_a_fresh_process_loads_its_kernels_without_numbas_compiler(
             assert result["digest"] == expected[case], (
                 f"{case}: the child that {run} read other batches")
     for result in results:  # the second child's: modules accumulate, case by case
+        assert result["runtime compiled"] == 0, "Numba's runtime was compiled, not loaded"
+        assert not result["extensions loaded"], (
+            f"{result['case']}: cached kernels loaded every package's Numba extensions")
         assert result["heavy"] == [], (
             f"{result['case']} (or a case before it): loading cached kernels imported "
             f"{result['heavy']}: a kernel on this path calls a NumPy function Numba implements "
@@ -126,7 +138,40 @@ def test_a_load_this_path_cannot_rebuild_is_left_to_numba(monkeypatch: pytest.Mo
     kernel = _jit.njit(twice, cache=True)
     assert isinstance(kernel._cache, _jit._KernelCache)
     assert kernel(21) == 42  # Numba's load found nothing: compiled
-    assert len(seen) == 1
+    # once from the light first call, once from Numba's compile that follows it
+    assert [str(s) for s in seen] == ["(int64,)", "(int64,)"]
+
+
+@pytest.mark.parametrize("value", [
+    np.zeros(3), np.zeros((3, 4), np.uint16)[:, ::2], np.zeros((3, 4), order="F"),
+    np.frombuffer(b"abcd", np.uint8), np.zeros(0, np.int8)[None], np.zeros(()),
+    np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")]), np.zeros(2, dtype="<M8[s]"),
+    np.zeros(2, dtype=object), np.zeros(2, dtype="<U3"),
+    (np.zeros(2), np.zeros(2)), (np.zeros(2), np.zeros(2, np.int32)),
+], ids=lambda v: type(v).__name__)
+def test_an_array_is_typed_as_numba_types_it(value: Any) -> None:
+    assert _jit._array_type(value) == numba.typeof(value)
+
+
+@pytest.mark.parametrize("value", [
+    np.ma.masked_array([1, 2]), np.zeros(2).view(type("Subclass", (np.ndarray,), {})), (),
+    (np.zeros(1), 1), 3, [np.zeros(1)],
+], ids=lambda v: type(v).__name__)
+def test_anything_else_is_left_to_numbas_typeof(value: Any) -> None:
+    assert _jit._array_type(value) is None
+
+
+def test_a_saved_runtime_is_used_only_for_its_own_key(tmp_path: Path) -> None:
+    path = str(tmp_path / "runtime.nbr")
+    assert _jit._read_runtime(path, "key") is None  # no file
+    state = ("nrt", "object", (b"machine code", b"bitcode"))
+    _jit._write_runtime(path, "key", state)
+    assert _jit._read_runtime(path, "key") == state
+    assert _jit._read_runtime(path, "another Numba, LLVM or CPU") is None
+    Path(path).write_bytes(b"\x80\x05truncated")
+    assert _jit._read_runtime(path, "key") is None
+    _jit._write_runtime(str(tmp_path / "none" / "runtime.nbr"), "key", state)  # no folder: nothing
+    assert os.listdir(tmp_path) == ["runtime.nbr"]
 
 
 def test_a_signature_compiles_when_decorated_as_numba_does() -> None:

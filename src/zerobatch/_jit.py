@@ -20,6 +20,21 @@ rebuilding such a kernel imports that module, and with it SciPy. Use the
 project's own loops (``stream._kernels.count_at_or_below``);
 ``tests/test_jit.py`` checks a fresh process's first batches.
 
+A fresh process pays three more things on a kernel's first call that a
+cached kernel does not need, and kernels decorated here skip them:
+
+- Numba's runtime compiles its own LLVM module (reference counts, atomics;
+  30-45 ms) in every process. It is compiled once and kept beside the
+  kernels' cache entries, keyed by Numba's and LLVM's versions and the CPU.
+- Typing an argument array asks ``np.ma`` whether it is a masked array, and
+  ``np.ma`` is imported for that (15-20 ms). A plain ``ndarray`` is typed
+  here, as Numba types it, without that import.
+- The first call of a kernel without a signature loads every installed
+  package's Numba extensions (an ``importlib.metadata`` scan of every
+  distribution: 10-16 ms here, more in a larger environment). A kernel found
+  in the cache is loaded without them; one that must compile goes through
+  Numba's own path, extensions included.
+
 Numba stamps a cache entry with the mtime and size of the kernel's own file
 only, though the machine code holds every callee it inlined and every global
 it read, from any module: edit a callee's module alone (a git pull, a
@@ -30,18 +45,30 @@ the package compiles its kernels again.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
+import pickle
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import llvmlite
 import numba
+import numpy as np
+from numba.core import config as _numba_config
+from numba.core import errors, registry, types
 from numba.core.caching import FunctionCache
+from numba.core.compiler_lock import global_compiler_lock
 from numba.core.dispatcher import Dispatcher
+from numba.np import numpy_support
 
 __all__ = ["njit"]
+
+# Numba's own classes and settings, untyped for mypy (Numba has no stubs)
+CPUDispatcher: Any = registry.CPUDispatcher
+config: Any = _numba_config
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -88,15 +115,135 @@ class _KernelCache(FunctionCache):
         super().save_overload(sig, data)
 
     def load_overload(self, sig: Any, target_context: Any) -> Any:
-        from numba.core.runtime import rtsys
-
         self._stamp()
         try:
-            rtsys.initialize(target_context)
+            _initialize_runtime(target_context, self._cache_path)
             with self._guard_against_spurious_io_errors():
                 return self._load_overload(sig, target_context)
         except Exception:  # an entry this path cannot rebuild: Numba's own load
             return super().load_overload(sig, target_context)
+
+
+def _initialize_runtime(target_context: Any, folder: str) -> None:
+    """``rtsys.initialize``, with the runtime's compiled module read from
+    ``folder`` (and written there the first time): Numba's own compiles it in
+    every process. Numba's own path where NRT debugging is on."""
+    from llvmlite import binding
+    from numba.core.runtime import _nrt_python, nrtdynmod, rtsys  # type: ignore[attr-defined]
+
+    if rtsys._init:
+        return
+    if config.DEBUG_NRT:
+        rtsys.initialize(target_context)
+        return
+    with global_compiler_lock:
+        if rtsys._init:
+            return
+        if config.NRT_STATS:
+            _nrt_python.memsys_enable_stats()
+        for name, address in _nrt_python.c_helpers.items():  # as rtsys.initialize does
+            binding.add_symbol(name if name.startswith("_") else "NRT_" + name, address)
+        codegen = target_context.codegen()
+        key = repr((numba.__version__, llvmlite.__version__, codegen.magic_tuple()))
+        path = os.path.join(folder, "zerobatch-runtime-"
+                            + hashlib.blake2b(key.encode(), digest_size=8).hexdigest() + ".nbr")
+        state = _read_runtime(path, key)
+        if state is not None:
+            library = codegen.unserialize_library(state)
+        else:  # nrtdynmod.compile_nrt_functions, keeping the machine code
+            module, library = nrtdynmod.create_nrt_module(target_context)
+            library.enable_object_caching()
+            library.add_ir_module(module)
+            library.finalize()
+            _write_runtime(path, key, library.serialize_using_object_code())
+        rtsys._library = library
+        rtsys._init = True
+
+
+def _read_runtime(path: str, key: str) -> Any:
+    """The serialized runtime library saved at ``path`` for ``key``, or None
+    (no file, another key, or a file this cannot read)."""
+    try:
+        with open(path, "rb") as file:
+            saved_key, state = pickle.load(file)
+    except Exception:
+        return None
+    if saved_key != key or not (isinstance(state, tuple) and len(state) == 3
+                                and state[1] == "object"):
+        return None
+    return state
+
+
+def _write_runtime(path: str, key: str, state: Any) -> None:
+    """Save ``state`` for ``key`` at ``path`` atomically; nothing if the folder
+    is not writable (every process then compiles the runtime, as Numba does)."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "wb") as file:
+            pickle.dump((key, state), file, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+
+
+def _array_type(val: Any) -> Any:
+    """Numba's type of a plain ``ndarray``, or of a tuple of them, as
+    ``numba.typeof`` gives it; None for anything else (Numba's own then)."""
+    if type(val) is np.ndarray:  # exactly: a subclass may be a masked array
+        try:
+            dtype = numpy_support.from_dtype(val.dtype)
+        except errors.NumbaNotImplementedError:
+            return None
+        return types.Array(dtype, val.ndim, numpy_support.map_layout(val),
+                           readonly=not val.flags.writeable)
+    if type(val) is tuple and val:
+        members = [_array_type(v) for v in val]
+        return None if None in members else types.BaseTuple.from_types(members, tuple)
+    return None
+
+
+class _LightDispatcher(CPUDispatcher):
+    """Numba's CPU dispatcher, typing a plain array without ``np.ma`` and
+    loading a cached kernel without the extensions' entry points (the module
+    docstring); anything else goes through Numba's own methods."""
+
+    def typeof_pyval(self, val: Any) -> Any:
+        found = _array_type(val)
+        if found is None:
+            return super().typeof_pyval(val)
+        self._types_active_call.add(found)
+        return found
+
+    def _compile_for_args(self, *args: Any, **kws: Any) -> Any:
+        if not kws and isinstance(self._cache, _KernelCache):
+            try:
+                signature = tuple(self.typeof_pyval(a) for a in args)
+            finally:
+                self._types_active_call.clear()
+            if types.pyobject not in signature:
+                entry_point = self._load_cached(signature)
+                if entry_point is not None:
+                    return entry_point
+        return super()._compile_for_args(*args, **kws)
+
+    def _load_cached(self, signature: tuple[Any, ...]) -> Any:
+        """The entry point of ``signature`` from the cache (what
+        ``Dispatcher.compile`` does on a cache hit), or None where it is not there."""
+        with global_compiler_lock:
+            existing = self.overloads.get(signature)
+            if existing is not None:
+                return existing.entry_point
+            if not self._can_compile:
+                return None
+            result = self._cache.load_overload(signature, self.targetctx)
+            if result is None or result.objectmode:
+                return None
+            self._cache_hits[signature] += 1
+            self.targetctx.insert_user_function(result.entry_point, result.fndesc,
+                                                [result.library])
+            self.add_overload(result)
+            return result.entry_point
 
 
 def njit(signature: Any = None, **options: Any) -> Any:
@@ -117,6 +264,8 @@ def njit(signature: Any = None, **options: Any) -> Any:
         if options.get("cache"):
             # Numba's own slot for it (what Dispatcher.enable_caching sets)
             dispatcher._cache = _KernelCache(py_function)  # type: ignore[attr-defined]
+            if type(dispatcher) is CPUDispatcher:  # same layout: only methods differ
+                dispatcher.__class__ = _LightDispatcher
         for each in signatures:
             dispatcher.compile(each)
         if signatures:

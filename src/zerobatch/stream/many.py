@@ -182,7 +182,8 @@ class ManyWindows:
         pieces = k.plan_window_rows(sources, indices, self._table, self._first._span,
                                     self._shard_starts, self._live, self._bases, self._sizes,
                                     1)[0]
-        wanted = np.unique(pieces[:, k.SHARD])
+        shards = np.sort(pieces[:, k.SHARD])  # np.unique: NumPy 2 imports np.ma for it
+        wanted = shards[np.flatnonzero(np.diff(shards, prepend=-1))]
         reserve_descriptors(int(np.count_nonzero(self._sizes[wanted] < 0)))  # one table growth
         # sorted: global shards are grouped by dataset, so each dataset's are one run
         cuts = np.flatnonzero(np.diff(self._owner[wanted])) + 1
