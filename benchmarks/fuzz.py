@@ -1767,12 +1767,20 @@ def _warm_codecs() -> None:
     import encodings.utf_32_le  # noqa: F401
 
 
+def _warm_numpy() -> None:
+    """Import what NumPy 2 imports on first use: ``np.ma`` (``np.unique`` asks
+    it whether its input is masked), which a mutated input's path may reach
+    first in a forked child."""
+    import numpy.ma  # noqa: F401
+
+
 def warm_up(target: Target) -> None:
     """Read every seed and warm-up input once in this process (imports, compiled
     kernels), so forked children start warm; one that does not read is a
     harness bug."""
     read = target.remote or target.read
     _warm_codecs()
+    _warm_numpy()
     if target.on_disk or target.remote is not None:  # a remote target reads the same tokens
         _warm_token_kernels()
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:

@@ -512,25 +512,44 @@ def test_direct_windows_from_threads(tmp_path: Path, method: str) -> None:
     _read_from_threads(windows, check)
 
 
-def test_typed_tables_of_none_one_and_several() -> None:
-    import numba
+def test_shard_table_rows_view_the_tables_and_hold_them() -> None:
+    import gc
 
-    from zerobatch.stream._tables import typed_tables
+    from zerobatch._jit import njit
+    from zerobatch.stream._tables import (
+        bytes_at, join_tables, offsets_at, shard_tables, table_slices)
 
-    empty = np.empty(0, np.int64)
-    empty.setflags(write=False)
-    tables = [np.arange(n, dtype=np.int64) for n in (3, 0, 5)]
-    for table in tables:
-        table.setflags(write=False)
-    assert len(typed_tables([], empty)) == 0
-    got = typed_tables(tables, empty)
-    assert [t.tolist() for t in got] == [t.tolist() for t in tables]
-    assert got[2].ctypes.data == tables[2].ctypes.data  # the tables themselves, not copies
-    writable = np.arange(4, dtype=np.int64)  # e.g. built from fetched blocks
-    mixed = typed_tables([writable, tables[0]], empty)
-    assert numba.typeof(mixed) == numba.typeof(got)  # one list type: one compile, cached
-    assert not mixed[0].flags.writeable and writable.flags.writeable
-    assert mixed[0].ctypes.data == writable.ctypes.data
+    @njit
+    def read(rows: np.ndarray, s: int) -> np.ndarray:
+        return offsets_at(rows, s).copy()
+
+    @njit
+    def read_bytes(rows: np.ndarray, s: int) -> np.ndarray:
+        return bytes_at(rows, s).copy()
+
+    tables = [np.arange(n, dtype="<u8") * 7 for n in (3, 0, 5)]
+    expected = [t.copy() for t in tables]
+    rows = shard_tables(tables, "<u8")
+    assert type(rows) is np.ndarray and rows.shape == (3, 2) and not rows.flags.writeable
+    assert rows[2, 0] == tables[2].ctypes.data  # the tables themselves, not copies
+    assert shard_tables([], "<u8").shape == (0, 2)
+    del tables
+    gc.collect()  # the rows hold the tables
+    for s, table in enumerate(expected):
+        np.testing.assert_array_equal(read(rows, s), table)
+    values = np.arange(10, dtype="<u8")
+    slices = table_slices(values, np.array([0, 4, 4]), np.array([4, 4, 10]))
+    blobs = shard_tables([np.frombuffer(b"abc", np.uint8), np.zeros(0, np.uint8)], np.uint8)
+    assert read_bytes(blobs, 0).tobytes() == b"abc" and read_bytes(blobs, 1).size == 0
+    del values
+    joined = join_tables([rows, slices])
+    del rows, slices
+    gc.collect()
+    assert [read(joined, s).tolist() for s in range(6)] == [
+        *[t.tolist() for t in expected], [0, 1, 2, 3], [], [4, 5, 6, 7, 8, 9]]
+    for bad in (np.arange(4, dtype="<i8"), np.zeros((2, 2), "<u8"), np.arange(8, dtype="<u8")[::2]):
+        with pytest.raises(ValueError, match="1-D contiguous"):
+            shard_tables([bad], "<u8")
 
 
 def test_default_columns_and_document_masking(tmp_path: Path) -> None:

@@ -380,7 +380,7 @@ def observe_read_rows_segments(
     shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
     use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
-    shift: int, bounds: np.ndarray, docs: list, out: tuple,
+    shift: int, bounds: np.ndarray, docs: np.ndarray, out: tuple,
 ) -> tuple[int, int, int, int, int, int, int]:
     """:func:`observe_read_rows` with the document columns
     (:func:`zerobatch.stream._kernels.read_window_rows_segments`)."""

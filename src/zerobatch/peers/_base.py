@@ -29,7 +29,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
-from numba import typed
 
 from zerobatch import _forksafe
 from zerobatch._text import format_table
@@ -41,6 +40,7 @@ from zerobatch.peers._lookup import Lookup
 from zerobatch.source import read_indices
 from zerobatch.storage import LocalStorage, Storage, is_url, join, local_path, open_storage
 from zerobatch.stream._kernels import SHARD
+from zerobatch.stream._tables import shard_tables
 from zerobatch.stream.manifest import OFFSET_DTYPE, TOKENS, Manifest, Shard
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows
 from zerobatch.stream.verify import Problem
@@ -276,7 +276,7 @@ class PeerDataset(Dataset):
         super().__init__(files.location.root, _manifest(files), files.storage, None,
                          bases=None if files.scattered else [s.base for s in files.shards])
         self._field_sets = {name: PeerDataset(_FieldFiles(files, name)) for name in files.fields}
-        self._whole_docs: typed.List | None = None
+        self._whole_docs: np.ndarray | None = None
 
     def windows(
         self, seq_len: int, *, stride: int | None = None, labels: Any = "shifted",
@@ -315,7 +315,7 @@ class PeerDataset(Dataset):
     def _make_index(self) -> PeerIndex:
         return PeerIndex(self._files, self._shard_error)
 
-    def _docs_tables(self) -> typed.List:
+    def _docs_tables(self) -> np.ndarray:
         """Every shard's document offsets whole, derived and checked once
         (``PeerFiles.whole``), empty documents dropped (a repeated offset
         changes no segment): what the direct kernels take (``_PeerWindows``)."""
@@ -323,16 +323,13 @@ class PeerDataset(Dataset):
         if found is None:
             with self._lock:
                 if self._whole_docs is None:
-                    tables = typed.List()
+                    tables = []
                     for shard in range(len(self._files.shards)):
                         table = self._files.whole(shard)
                         starts = np.ones(table.shape[0], bool)
                         starts[1:] = table[1:] != table[:-1]
-                        if not starts.all():
-                            table = table[starts]
-                            table.setflags(write=False)  # one list type with native tables
-                        tables.append(table)
-                    self._whole_docs = tables
+                        tables.append(table if starts.all() else table[starts])
+                    self._whole_docs = shard_tables(tables, OFFSET_DTYPE)
                 found = self._whole_docs
         return found
 

@@ -25,10 +25,11 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch import _forksafe
-from zerobatch.peers._kernels import piece_tables, plan_mapped_documents
+from zerobatch.peers._kernels import plan_mapped_documents
 from zerobatch.stream import _kernels as k
+from zerobatch.stream._tables import table_slices
 from zerobatch.stream.index import ShardError
-from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE
+from zerobatch.stream.manifest import DOCS
 from zerobatch.stream.ranged import IndexView
 
 __all__ = ["Boundaries", "DocumentTables", "PeerIndex", "by_shard"]
@@ -84,15 +85,6 @@ class Boundaries(Protocol):
                    ) -> npt.NDArray[np.uint64]: ...
 
     def document_tables(self) -> DocumentTables | None: ...
-
-
-def _readonly(dtype: np.dtype) -> np.ndarray:
-    empty = np.zeros(0, dtype)
-    empty.setflags(write=False)
-    return empty
-
-
-_EMPTY = _readonly(OFFSET_DTYPE)
 
 
 class PeerIndex:
@@ -189,7 +181,7 @@ class PeerIndex:
                 pieces, shards, virtual, bounds, out_starts, values,
                 dict(zip(live[split].tolist(), (starts[s] + first)[split].tolist(), strict=True)))
         return IndexView(virtual, shards, self._records[shards],
-                         piece_tables(values, bounds[0], bounds[1], _EMPTY), out_starts, None,
+                         table_slices(values, bounds[0], bounds[1]), out_starts, None,
                          np.zeros(shards.shape[0], np.int64), None, None, None)
 
     @staticmethod

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import typed
 
 from zerobatch._jit import njit
 from zerobatch.storage.local import _LINE, _pointer, _prefetch, prefetch_request, read_request
@@ -17,7 +16,7 @@ from zerobatch.stream._kernels import count_at_or_below
 
 __all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "BAD_SAMPLE", "OK", "gather", "mds_check",
            "mds_pieces", "mds_read_requests", "mds_read_windows", "mds_read_windows_segments",
-           "megatron_offsets", "piece_tables", "plan_mapped_documents", "search_right"]
+           "megatron_offsets", "plan_mapped_documents", "search_right"]
 
 _OBS, _SHARD, _START, _LENGTH, _DEST = (stream_kernels.OBS, stream_kernels.SHARD,
                                         stream_kernels.START, stream_kernels.LENGTH,
@@ -471,7 +470,7 @@ def mds_read_windows_segments(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
     handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
     addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
-    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: np.ndarray,
     out: tuple, mds: tuple,
 ) -> tuple[int, int, int, int, int, int, int]:
     """:func:`mds_read_windows` with each window's document columns, as
@@ -501,20 +500,6 @@ def mds_read_windows_segments(
         if code != _DOCS_OK:
             return -1, -1, -1, 1, code, shard, -1
     return -1, -1, -1, 1, _DOCS_OK, 0, -1
-
-
-@njit(cache=True)
-def piece_tables(values: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                 example: np.ndarray) -> typed.List:
-    """The typed list of ``values[starts[i]:ends[i]]`` (read-only views, the
-    type of ``example``), built in one call: the read kernels' per-piece
-    offset tables without one Python call per table."""
-    out = typed.List()
-    out.append(example)  # types the list
-    out.pop()
-    for i in range(starts.shape[0]):
-        out.append(values[starts[i]:ends[i]])
-    return out
 
 
 @njit(nogil=True, cache=True)

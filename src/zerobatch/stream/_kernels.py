@@ -24,6 +24,7 @@ from numba.core.extending import intrinsic
 
 from zerobatch._jit import njit
 from zerobatch.storage.local import prefetch_request, read_request
+from zerobatch.stream._tables import bytes_at, offsets_at
 from zerobatch.stream.manifest import (
     DOCS,
     META_ID,
@@ -78,7 +79,6 @@ SPANS_META_ORDER = "a metadata id names an entry that does not cover its token"
 """``META_ORDER``'s message for datasets with a spans table (version 2)."""
 _NO_METADATA = np.uint32(NO_METADATA)
 OBS, SHARD, START, LENGTH, DEST = 0, 1, 2, 3, 4
-_TABLE_SLOTS = 64  # plan_documents' cache of shard tables
 
 
 def _load_u64_typer(typingctx: Any, address: Any) -> Any:
@@ -157,7 +157,7 @@ def read_requests(
 
 @njit(nogil=True, cache=True)
 def plan_documents(
-    indices: np.ndarray, max_len: int, doc_starts: np.ndarray, docs: list, records: np.ndarray
+    indices: np.ndarray, max_len: int, doc_starts: np.ndarray, docs: np.ndarray, records: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, int, int, int]:
     """Pieces for whole documents (first ``max_len`` records; 0: no limit).
 
@@ -168,29 +168,16 @@ def plan_documents(
     pieces = np.empty((b_count, 5), np.int64)
     offsets = np.zeros(b_count + 1, np.int64)
     total_docs = doc_starts[doc_starts.shape[0] - 1]
-    # A typed list's item costs 14-40 ns, more than the rest of a document's
-    # work: each shard's table address is kept in a direct-mapped cache of
-    # _TABLE_SLOTS slots, so a batch over a few shards fetches each table once.
-    cached = np.full(_TABLE_SLOTS, -1, np.int64)
-    tables = np.empty(_TABLE_SLOTS, np.int64)
-    strides = np.empty(_TABLE_SLOTS, np.int64)
-    ends = np.empty(_TABLE_SLOTS, np.int64)
     for b in range(b_count):
         d = indices[b]
         if d < 0 or d >= total_docs:
             return pieces[:0], offsets, b, OK, 0
         s = count_at_or_below(doc_starts, d, 0, doc_starts.shape[0]) - 1
         k = d - doc_starts[s]
-        slot = s % _TABLE_SLOTS
-        if cached[slot] != s:
-            table = docs[s]
-            cached[slot] = s
-            tables[slot], strides[slot], ends[slot] = (table.ctypes.data, table.strides[0],
-                                                       table.shape[0])
-        if k + 1 >= ends[slot]:
+        if k + 1 >= docs[s, 1]:
             return pieces[:0], offsets, -1, BAD_DOCS, s
-        start = np.int64(_load_u64(tables[slot] + strides[slot] * k))
-        end = np.int64(_load_u64(tables[slot] + strides[slot] * (k + 1)))
+        start = np.int64(_load_u64(docs[s, 0] + 8 * k))
+        end = np.int64(_load_u64(docs[s, 0] + 8 * (k + 1)))
         if not 0 <= start < end <= records[s]:
             return pieces[:0], offsets, -1, BAD_DOCS, s
         length = end - start
@@ -218,7 +205,8 @@ def _first_document(table: np.ndarray, record: int) -> int:
 
 @njit(nogil=True, cache=True)
 def _segments(
-    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
+    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: np.ndarray,
+    doc_starts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
     """The document segments of each window: (cu_seqlens offsets, values and
     per-window lengths, doc-id offsets, doc ids and per-window lengths, code,
@@ -230,7 +218,7 @@ def _segments(
         m = min(pieces[p, LENGTH], seq_len - (pieces[p, DEST] - b * n))
         if m <= 0:
             continue
-        table = docs[s]
+        table = offsets_at(docs, s)
         end = np.uint64(a + m)
         # Offsets must rise from k0 to k1 and bracket [a, a + m); else the file lies.
         k0 = _first_document(table, a)
@@ -259,7 +247,7 @@ def _segments(
         m = min(pieces[p, LENGTH], seq_len - c)
         if m <= 0:
             continue
-        table = docs[s]
+        table = offsets_at(docs, s)
         for j in range(spans[p, 0], spans[p, 1]):
             start = c if j == spans[p, 0] else c + np.int64(table[j]) - a
             cu[cu_offsets[b] + filled[b]] = start
@@ -323,7 +311,8 @@ def window_tokens(
 
 @njit(nogil=True, cache=True)
 def window_columns(
-    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
+    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: np.ndarray,
+    doc_starts: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
     """The document segments of a window batch of ``b_count`` windows
     (``_segments``, which returns what this returns): for ``doc_ids``."""
@@ -332,7 +321,7 @@ def window_columns(
 
 @njit(nogil=True, cache=True)
 def _first_documents(
-    pieces: np.ndarray, n: int, seq_len: int, docs: list | tuple
+    pieces: np.ndarray, n: int, seq_len: int, docs: np.ndarray
 ) -> tuple[np.ndarray, int, int]:
     """Per piece that reaches into its window's first ``seq_len`` tokens, the
     document of its shard holding its first record (``_first_document``);
@@ -342,20 +331,17 @@ def _first_documents(
     count = pieces.shape[0]
     lo = np.zeros(count, np.int64)
     hi = np.zeros(count, np.int64)
-    tables = np.zeros(count, np.int64)  # addresses: a typed list's item costs ~14 ns
-    strides = np.zeros(count, np.int64)
+    tables = np.zeros(count, np.int64)  # each piece's table address
     for p in range(count):
         if min(pieces[p, LENGTH], seq_len - (pieces[p, DEST] - pieces[p, OBS] * n)) > 0:
-            table = docs[pieces[p, SHARD]]
-            hi[p] = table.shape[0]
-            tables[p], strides[p] = table.ctypes.data, table.strides[0]
+            tables[p], hi[p] = docs[pieces[p, SHARD], 0], docs[pieces[p, SHARD], 1]
     searching = True
     while searching:
         searching = False
         for p in range(count):
             if lo[p] < hi[p]:  # so 0 <= middle < len(table)
                 middle = (lo[p] + hi[p]) >> 1
-                if _load_u64(tables[p] + strides[p] * middle) <= np.uint64(pieces[p, START]):
+                if _load_u64(tables[p] + 8 * middle) <= np.uint64(pieces[p, START]):
                     lo[p] = middle + 1
                 else:
                     hi[p] = middle
@@ -363,7 +349,8 @@ def _first_documents(
     for p in range(count):
         if min(pieces[p, LENGTH], seq_len - (pieces[p, DEST] - pieces[p, OBS] * n)) <= 0:
             continue
-        table, first, k0 = docs[pieces[p, SHARD]], np.uint64(pieces[p, START]), lo[p] - 1
+        table = offsets_at(docs, pieces[p, SHARD])
+        first, k0 = np.uint64(pieces[p, START]), lo[p] - 1
         if k0 < 0 or k0 + 1 >= table.shape[0] or not table[k0] <= first < table[k0 + 1]:
             return lo, BAD_DOCS, pieces[p, SHARD]
         lo[p] = k0
@@ -372,7 +359,7 @@ def _first_documents(
 
 @njit(nogil=True, cache=True, inline="always")
 def _row_segments(
-    b: int, p: int, pieces: np.ndarray, n: int, seq_len: int, docs: list | tuple,
+    b: int, p: int, pieces: np.ndarray, n: int, seq_len: int, docs: np.ndarray,
     firsts: np.ndarray, labels: np.ndarray, mask_starts: bool, out: tuple,
 ) -> tuple[int, int, int]:
     """Row ``b``'s document columns from its pieces, the first at ``p``, and
@@ -407,7 +394,7 @@ def _row_segments(
         p += 1
         if m <= 0:
             continue
-        table = docs[s]
+        table = offsets_at(docs, s)
         end = np.uint64(a + m)
         segment = c
         while True:
@@ -454,7 +441,7 @@ def no_segments(rows_dtype: Any = np.int64) -> tuple:
 
 @njit(nogil=True, cache=True)
 def window_segments(
-    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int, docs: list,
+    tokens: np.ndarray, pieces: np.ndarray, n: int, seq_len: int, docs: np.ndarray,
     inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, out: tuple,
 ) -> tuple[int, int, int]:
     """``inputs`` and ``labels`` (``_decode_tokens``) and the document columns
@@ -546,7 +533,7 @@ def _read_planned(
 def _read_planned_segments(
     pieces: np.ndarray, requests: np.ndarray, rows: int, n: int, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
-    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: np.ndarray,
     out: tuple,
 ) -> tuple[int, int, int, int, int]:
     """``_read_planned`` with each window's document columns (``_row_segments``
@@ -611,7 +598,8 @@ def read_windows_segments(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
     handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
     addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
-    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list, out: tuple,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: np.ndarray,
+    out: tuple,
 ) -> tuple[int, int, int, int, int, int, int]:
     """``read_windows`` with each window's document columns, computed while
     the window is in cache (``_row_segments`` into ``out``; ``docs``: every
@@ -630,8 +618,9 @@ def read_windows_segments(
 
 @njit(nogil=True, cache=True)
 def window_columns_meta(
-    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: list, doc_starts: np.ndarray,
-    meta_ids: np.ndarray, entries: np.ndarray, index: list, data: list, head: int,
+    pieces: np.ndarray, b_count: int, n: int, seq_len: int, docs: np.ndarray,
+    doc_starts: np.ndarray,
+    meta_ids: np.ndarray, entries: np.ndarray, index: np.ndarray, data: np.ndarray, head: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
            np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
     """``window_columns`` and ``meta_spans`` in one call.
@@ -704,7 +693,7 @@ def _piece_bounds(
 @njit(nogil=True, cache=True)
 def _meta_plan(
     meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
-    entries: np.ndarray, index: list, data: list, head: int,
+    entries: np.ndarray, index: np.ndarray, data: np.ndarray, head: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
            np.ndarray, int, int]:
     """Each piece's entries from its first and last id, and the outputs sized
@@ -734,8 +723,8 @@ def _meta_plan(
         if z < a:
             code, shard = META_ORDER, s
             break
-        offsets = index[s]
-        if offsets[z + 1] < offsets[a] or offsets[z + 1] > np.uint64(data[s].shape[0]):
+        offsets = offsets_at(index, s)
+        if offsets[z + 1] < offsets[a] or offsets[z + 1] > np.uint64(data[s, 1]):
             code, shard = BAD_INDEX, s
             break
         first[p] = a
@@ -752,7 +741,8 @@ def _meta_plan(
 @njit(nogil=True, cache=True, inline="always")
 def _meta_fill(
     p: int, cursor: np.ndarray, meta_ids: np.ndarray, pieces: np.ndarray,
-    obs_begin: np.ndarray, obs_len: np.ndarray, entries: np.ndarray, index: list, data: list,
+    obs_begin: np.ndarray, obs_len: np.ndarray, entries: np.ndarray, index: np.ndarray,
+    data: np.ndarray,
     head: int, first: np.ndarray, count: np.ndarray, starts: np.ndarray, ends: np.ndarray,
     run_offsets: np.ndarray, out: np.ndarray, bounds: np.ndarray,
 ) -> int:
@@ -780,14 +770,14 @@ def _meta_fill(
         r += 1
     run_offsets[b + 1] = r
     if count[p] > 0:
-        offsets = index[s]
+        offsets = offsets_at(index, s)
         a, z = first[p], first[p] + count[p]
         for e in range(a, z):
             if offsets[e + 1] < offsets[e]:
                 return BAD_INDEX
             bounds[r0 + 1 + e - a] = dest + np.int64(offsets[e + 1] - offsets[a])
         length = np.int64(offsets[z] - offsets[a])
-        source = data[s]
+        source = bytes_at(data, s)
         start = np.int64(offsets[a])
         out[head + dest : head + dest + length] = source[start : start + length]
         dest += length
@@ -805,7 +795,7 @@ def _spread(run_offsets: np.ndarray) -> None:
 @njit(nogil=True, cache=True)
 def meta_spans(
     meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
-    entries: np.ndarray, index: list, data: list, head: int,
+    entries: np.ndarray, index: np.ndarray, data: np.ndarray, head: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Runs of one metadata entry inside each observation's tokens, and their
     entries' bytes.
@@ -882,7 +872,8 @@ def _annotation_range(
 @njit(nogil=True, cache=True)
 def annotation_spans(
     meta_ids: np.ndarray, pieces: np.ndarray, obs_begin: np.ndarray, obs_len: np.ndarray,
-    entries: np.ndarray, records: np.ndarray, index: list, data: list, spans: list, head: int,
+    entries: np.ndarray, records: np.ndarray, index: np.ndarray, data: np.ndarray,
+    spans: np.ndarray, head: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Every entry overlapping each observation, in a version-2 dataset
     (``meta.spans`` tables in ``spans``, flat ``<u8``, three per entry).
@@ -903,14 +894,14 @@ def annotation_spans(
     code, shard = OK, 0
     for p in range(n_pieces):
         s = pieces[p, SHARD]
-        table = spans[s]
+        table = offsets_at(spans, s)
         lo, hi, code = _annotation_range(meta_ids, pieces, p, obs_begin, obs_len, entries,
                                          records, table)
         t, end = _piece_bounds(pieces, p, obs_begin, obs_len)
         a = np.uint64(pieces[p, START])
         b = np.uint64(pieces[p, START] + end - t)
-        offsets = index[s]
-        limit = np.uint64(data[s].shape[0])
+        offsets = offsets_at(index, s)
+        limit = np.uint64(data[s, 1])
         for e in range(lo, hi):  # empty when code != OK
             if not _sound_row(table, e, records[s]):
                 code = BAD_SPANS
@@ -939,7 +930,8 @@ def annotation_spans(
     dest = np.int64(head)
     for p in range(n_pieces):
         s, obs = pieces[p, SHARD], pieces[p, OBS]
-        table, offsets, source = spans[s], index[s], data[s]
+        table, offsets = offsets_at(spans, s), offsets_at(index, s)
+        source = bytes_at(data, s)
         t, end = _piece_bounds(pieces, p, obs_begin, obs_len)
         a = pieces[p, START]
         b = a + end - t
@@ -1107,7 +1099,7 @@ def read_window_rows_segments(
     sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
     shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray, row: np.ndarray,
     fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
-    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: list,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: np.ndarray,
     out: tuple,
 ) -> tuple[int, int, int, int, int, int, int]:
     """``read_window_rows`` with the document columns (``docs``: every global

@@ -21,14 +21,13 @@ from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from numba import typed
 
 from zerobatch import _forksafe
 from zerobatch.errors import FormatError
 from zerobatch.storage import Storage
 from zerobatch.stream import _kernels as k
 from zerobatch.stream import validate
-from zerobatch.stream._tables import typed_tables
+from zerobatch.stream._tables import shard_tables
 from zerobatch.stream.manifest import (
     DOCS,
     META_DATA,
@@ -61,12 +60,6 @@ class Index(Protocol):
         """``_kernels.plan_documents`` for document ``indices``."""
 
 
-def _readonly(dtype: np.dtype) -> np.ndarray:
-    empty = np.empty(0, dtype)
-    empty.setflags(write=False)  # typed like the mappings
-    return empty
-
-
 class MappedIndex:
     """Every shard's index tables, whole: built on first use, then kept.
 
@@ -86,7 +79,7 @@ class MappedIndex:
             [[0], np.cumsum([s.documents for s in shards])]).astype(np.int64)
         self._entries = np.array([s.metadata_entries or 0 for s in shards], dtype=np.int64)
         self._shard_ids = np.arange(len(shards), dtype=np.int64)
-        self._tables: dict[str, typed.List] = {}
+        self._tables: dict[str, np.ndarray] = {}
         self._lock = _forksafe.lock()
 
     def view(
@@ -114,17 +107,17 @@ class MappedIndex:
         """The global id of each shard's first document, then the documents (``<i8``)."""
         return self._doc_starts
 
-    def docs_tables(self) -> typed.List:
+    def docs_tables(self) -> np.ndarray:
         """Every shard's document offsets (``documents + 1`` ``<u8`` from 0 to
-        its records), built once."""
+        its records) as kernel table rows (``stream._tables``), built once."""
         return self._table(DOCS)
 
     def load_docs(self) -> list[np.ndarray]:
         """Every shard's ``docs`` file, mapped and checked against the shard table."""
         return self._map(DOCS, validate.docs_table)
 
-    def _table(self, kind: str) -> typed.List:
-        """The typed list of ``kind``'s tables, built on first use."""
+    def _table(self, kind: str) -> np.ndarray:
+        """The table rows of ``kind``'s tables (``stream._tables``), built on first use."""
         with self._lock:
             found = self._tables.get(kind)
             if found is None:
@@ -132,17 +125,17 @@ class MappedIndex:
                 self._tables[kind] = found
             return found
 
-    def _build(self, kind: str) -> typed.List:
+    def _build(self, kind: str) -> np.ndarray:
         if kind == DOCS:
-            return typed_tables(self.load_docs(), _readonly(OFFSET_DTYPE))
+            return shard_tables(self.load_docs(), OFFSET_DTYPE)
         if kind == META_INDEX:
             tables = self._map(META_INDEX, validate.index_table)
-            return typed_tables(tables, _readonly(OFFSET_DTYPE))
+            return shard_tables(tables, OFFSET_DTYPE)
         if kind == META_DATA:
             tables = self._map(META_DATA, validate.data_bytes, np.dtype(np.uint8), "bytes")
-            return typed_tables(tables, _readonly(np.dtype(np.uint8)))
+            return shard_tables(tables, np.uint8)
         tables = self._map(META_SPANS, validate.spans_table, SPAN_DTYPE, "rows")
-        return typed_tables(tables, _readonly(SPAN_DTYPE))
+        return shard_tables(tables, SPAN_DTYPE)
 
     def _map(
         self, kind: str, problem: Callable[[Any, np.ndarray], str | None],

@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from numba import typed
 
 from zerobatch import _forksafe
 from zerobatch.columnar import FieldSchema
 from zerobatch.storage.local import reserve_descriptors
 from zerobatch.stream import _kernels as k
+from zerobatch.stream._tables import join_tables
 from zerobatch.stream.reader import TokenWindows
 
 __all__ = ["ManyWindows"]
@@ -203,15 +203,12 @@ class ManyWindows:
                     self._sizes[g] = files.sizes[h]  # last: marks the entry complete
 
     def _docs_tables(self) -> Any:
-        """Every global shard's document offsets (one typed list, built once)."""
+        """Every global shard's document offsets (kernel table rows, built once)."""
         found = self._docs
         if found is None:
             with self._lock:
                 if self._docs is None:
-                    tables = typed.List()
-                    for ds in self._datasets:
-                        tables.extend(ds._docs_tables())
-                    self._docs = tables
+                    self._docs = join_tables([ds._docs_tables() for ds in self._datasets])
                 found = self._docs
         return found
 

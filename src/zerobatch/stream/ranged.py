@@ -33,16 +33,15 @@ errors name the right file.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
-from numba import typed
 
 from zerobatch.storage.blocks import BlockCache
 from zerobatch.stream import _kernels as k
-from zerobatch.stream._tables import typed_tables
+from zerobatch.stream._tables import shard_tables
 from zerobatch.stream.manifest import (
     DOCS,
     META_DATA,
@@ -75,13 +74,6 @@ class IndexView(NamedTuple):
     index: Any
     data: Any
     spans: Any
-
-
-def _typed(tables: Sequence[np.ndarray], dtype: np.dtype) -> typed.List:
-    """``tables`` (read-only, like mappings: one array type for Numba) as a typed list."""
-    empty = np.zeros(0, dtype)
-    empty.setflags(write=False)
-    return typed_tables(tables, empty)
 
 
 def _offsets(raw: npt.NDArray[np.uint8]) -> npt.NDArray[np.uint64]:
@@ -153,7 +145,7 @@ class RangedIndex:
                                 for s, d in zip(shards.tolist(), first.tolist(), strict=True)])
         pieces, offsets, bad_at, code, shard = k.plan_documents(
             np.arange(count, dtype=np.int64), max_len, np.arange(count + 1, dtype=np.int64),
-            _typed([_offsets(r) for r in raw], OFFSET_DTYPE), self._records[shards])
+            shard_tables([_offsets(r) for r in raw], OFFSET_DTYPE), self._records[shards])
         pieces[:, k.SHARD] = shards[pieces[:, k.SHARD]]
         return pieces, offsets, bad_at, code, int(shards[shard])
 
@@ -193,7 +185,7 @@ class RangedIndex:
     def _doc_tables(
         self, shards: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
         counts: npt.NDArray[np.int64],
-    ) -> tuple[typed.List, npt.NDArray[np.int64]]:
+    ) -> tuple[np.ndarray, npt.NDArray[np.int64]]:
         """Per piece, the offsets of the documents its records ``[start, start +
         count)`` touch, and the global id of the first."""
         live = np.flatnonzero(counts > 0)
@@ -209,12 +201,12 @@ class RangedIndex:
         for p, a, got in zip(live.tolist(), first.tolist(), raw, strict=True):
             tables[p] = _offsets(got)
             doc_starts[p] = self._doc_starts[shards[p]] + a
-        return _typed(tables, OFFSET_DTYPE), doc_starts
+        return shard_tables(tables, OFFSET_DTYPE), doc_starts
 
     def _meta_tables(
         self, shards: npt.NDArray[np.int64], lo: npt.NDArray[np.int64],
         hi: npt.NDArray[np.int64], meta_ids: np.ndarray,
-    ) -> tuple[np.ndarray, npt.NDArray[np.int64], typed.List, typed.List]:
+    ) -> tuple[np.ndarray, npt.NDArray[np.int64], np.ndarray, np.ndarray]:
         """Per piece, its metadata ids shifted by its first one, its entry count,
         its index entries (from 0) and their data bytes."""
         ids = np.array(meta_ids)  # a copy: each piece's ids are shifted below
@@ -254,13 +246,13 @@ class RangedIndex:
             shifted = _offsets(got) - np.uint64(start)  # entries from 0: the data is cut there
             shifted.setflags(write=False)
             index[p], blobs[p] = shifted, bytes_
-        return (ids, entries, _typed(index, OFFSET_DTYPE),
-                _typed(blobs, np.dtype(np.uint8)))
+        return (ids, entries, shard_tables(index, OFFSET_DTYPE),
+                shard_tables(blobs, np.uint8))
 
     def _annotation_tables(
         self, shards: npt.NDArray[np.int64], starts: npt.NDArray[np.int64],
         lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64], meta_ids: np.ndarray,
-    ) -> tuple[np.ndarray, npt.NDArray[np.int64], typed.List, typed.List, typed.List]:
+    ) -> tuple[np.ndarray, npt.NDArray[np.int64], np.ndarray, np.ndarray, np.ndarray]:
         """Per piece (format version 2), its metadata ids shifted by its first
         covered token's id, its candidate row count, its ``meta.spans`` rows,
         its index entries and the data bytes the kernel copies. A piece whose
@@ -305,8 +297,8 @@ class RangedIndex:
         for p, table, cut, bytes_ in zip(live.tolist(), tables, cuts, data, strict=True):
             rows_of[p], index[p], blobs[p] = table, cut, bytes_
         entries = np.where(first >= 0, ends - first, 0)
-        return (ids, entries, _typed(index, OFFSET_DTYPE), _typed(blobs, np.dtype(np.uint8)),
-                _typed(rows_of, SPAN_DTYPE))
+        return (ids, entries, shard_tables(index, OFFSET_DTYPE), shard_tables(blobs, np.uint8),
+                shard_tables(rows_of, SPAN_DTYPE))
 
     @staticmethod
     def _index_cut(

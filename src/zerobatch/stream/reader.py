@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import numpy as np
 import numpy.typing as npt
-from numba import typed
 
 from zerobatch import _forksafe
 from zerobatch._output_dtype import id_bounds, output_dtype, token_error
@@ -221,8 +220,9 @@ class Dataset:
                 table[s] = self._storage.open(self._token_file(s))
         return table
 
-    def _docs_tables(self) -> typed.List:
-        """Every shard's document offsets, whole (local files: a ``MappedIndex``)."""
+    def _docs_tables(self) -> np.ndarray:
+        """Every shard's document offsets, whole, as kernel table rows (local
+        files: a ``MappedIndex``)."""
         if not isinstance(self._index, MappedIndex):
             raise TypeError(f"{self._path}: whole offset tables need a MappedIndex")
         return self._index.docs_tables()
