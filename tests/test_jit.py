@@ -28,9 +28,11 @@ from zerobatch import Loader, StreamWriter, _jit, open_dataset
 from zerobatch.mixture import Mixture
 
 # Modules that a cache load must not import: Numba's lowering registries
-# (``arraymath`` imports ``scipy.linalg``) and SciPy's linear algebra.
+# (``arraymath`` imports ``scipy.linalg``), SciPy's linear algebra, NumPy's
+# masked arrays (Numba's typeof asks them), Numba's typed lists, and the
+# modules of Numba's own overloads (``arrayobj``: an environment's globals).
 HEAVY = ("numba.np.arraymath", "numba.np.linalg", "numba.np.npyimpl", "scipy.linalg",
-         "numpy.ma")
+         "numpy.ma", "numba.typed.typedlist", "numba.np.arrayobj", "numba.cpython.charseq")
 
 CASES = {
     "windows": "ds.windows(64, document_masking=True)",
@@ -217,3 +219,20 @@ def test_a_kernel_compiles_again_when_a_callees_module_changes(tmp_path: Path) -
     later = callee.stat().st_mtime_ns + 10**9
     os.utime(callee, ns=(later, later))
     assert get() == 2
+
+
+def test_an_environment_of_a_numba_module_not_imported_is_not_imported() -> None:
+    from numba.core import types
+    from numba.core.environment import Environment
+
+    absent = "numba.zerobatch_absent_module"  # importing it would raise
+    environment = _jit._rebuild_environment(absent, [1, "two"], "env-of-an-absent-module")
+    assert absent not in sys.modules
+    assert environment.globals == {"__name__": absent} and list(environment.consts) == [1, "two"]
+    assert environment.can_cache()  # a caller that inlines it can still be cached
+    assert _jit._rebuild_environment(absent, [], "env-of-an-absent-module") is environment
+    assert Environment._memo["env-of-an-absent-module"] is environment
+    imported = _jit._rebuild_environment("numba.core.types", [], "env-of-an-imported-module")
+    assert imported.globals is vars(types)  # Numba's own rebuild: the module's globals
+    with pytest.raises(ModuleNotFoundError):  # another package's module: imported, as Numba does
+        _jit._rebuild_environment("zerobatch_absent_module", [], "env-of-another-package")

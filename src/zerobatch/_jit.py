@@ -29,6 +29,13 @@ cached kernel does not need, and kernels decorated here skip them:
 - Typing an argument array asks ``np.ma`` whether it is a masked array, and
   ``np.ma`` is imported for that (15-20 ms). A plain ``ndarray`` is typed
   here, as Numba types it, without that import.
+- A cached kernel's environments (one per function it inlined, Numba's
+  own overloads of ``np.empty`` among them) are rebuilt by importing each
+  function's module for its globals: ``numba.np.arrayobj`` and what it
+  imports cost 25-35 ms. Those globals are read only by object-mode code,
+  which Numba's overloads have none of, so a Numba module that is not yet
+  imported gets an environment of its name alone (a module of any other
+  package, or one imported already, gets its own globals, as in Numba).
 - The first call of a kernel without a signature loads every installed
   package's Numba extensions (an ``importlib.metadata`` scan of every
   distribution: 10-16 ms here, more in a larger environment). A kernel found
@@ -59,7 +66,7 @@ import numba
 import numpy as np
 from numba.core import config as _numba_config
 from numba.core import errors, registry, types
-from numba.core.caching import FunctionCache
+from numba.core.caching import FunctionCache, IndexDataCacheFile
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.dispatcher import Dispatcher
 from numba.np import numpy_support
@@ -101,6 +108,8 @@ class _KernelCache(FunctionCache):
     def __init__(self, py_function: Callable[..., Any]) -> None:
         super().__init__(py_function)
         self._root = _package_root(py_function)
+        if type(self._cache_file) is IndexDataCacheFile:  # same layout: only a method differs
+            self._cache_file.__class__ = _KernelCacheFile
 
     def _stamp(self) -> None:
         """Stamp the entries with the package's sources: on the first load or
@@ -122,6 +131,39 @@ class _KernelCache(FunctionCache):
                 return self._load_overload(sig, target_context)
         except Exception:  # an entry this path cannot rebuild: Numba's own load
             return super().load_overload(sig, target_context)
+
+
+class _KernelCacheFile(IndexDataCacheFile):
+    """Numba's index and data files of a kernel, whose entries are unpickled
+    with ``_rebuild_environment`` for Numba's ``_rebuild_env``."""
+
+    def _load_data(self, name: str) -> Any:
+        with open(self._data_path(name), "rb") as file:
+            return _EnvironmentUnpickler(file).load()
+
+
+class _EnvironmentUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "numba.core.environment" and name == "_rebuild_env":
+            return _rebuild_environment
+        return super().find_class(module, name)
+
+
+def _rebuild_environment(module: str, consts: list[Any], env_name: str) -> Any:
+    """Numba's ``_rebuild_env``, except that a Numba module not imported yet is
+    not imported for its globals (the module docstring)."""
+    from numba.core.environment import Environment, _rebuild_env, lookup_environment
+
+    if module in sys.modules or not module.startswith("numba."):
+        return _rebuild_env(module, consts, env_name)
+    found = lookup_environment(env_name)
+    if found is not None:
+        return found
+    environment = Environment({"__name__": module})  # what Numba reads to pickle it again
+    environment.consts[:] = consts
+    environment.env_name = env_name
+    Environment._memo[env_name] = environment
+    return environment
 
 
 def _initialize_runtime(target_context: Any, folder: str) -> None:
