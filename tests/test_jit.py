@@ -150,6 +150,7 @@ def test_a_load_this_path_cannot_rebuild_is_left_to_numba(monkeypatch: pytest.Mo
     np.zeros(3, dtype=[("a", "<i4"), ("b", "<f8")]), np.zeros(2, dtype="<M8[s]"),
     np.zeros(2, dtype=object), np.zeros(2, dtype="<U3"),
     (np.zeros(2), np.zeros(2)), (np.zeros(2), np.zeros(2, np.int32)),
+    (np.zeros(2), 3, 2.5, True, np.int32(4), np.float32(1), 2**63, (np.zeros(1), -2**40)),
 ], ids=lambda v: type(v).__name__)
 def test_an_array_is_typed_as_numba_types_it(value: Any) -> None:
     assert _jit._array_type(value) == numba.typeof(value)
@@ -157,7 +158,7 @@ def test_an_array_is_typed_as_numba_types_it(value: Any) -> None:
 
 @pytest.mark.parametrize("value", [
     np.ma.masked_array([1, 2]), np.zeros(2).view(type("Subclass", (np.ndarray,), {})), (),
-    (np.zeros(1), 1), 3, [np.zeros(1)],
+    (np.zeros(1), "text"), (np.zeros(1), 2**64), 3, [np.zeros(1)], (np.zeros(1), [1]),
 ], ids=lambda v: type(v).__name__)
 def test_anything_else_is_left_to_numbas_typeof(value: Any) -> None:
     assert _jit._array_type(value) is None

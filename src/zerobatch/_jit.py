@@ -69,6 +69,7 @@ from numba.core import errors, registry, types
 from numba.core.caching import FunctionCache, IndexDataCacheFile
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.dispatcher import Dispatcher
+from numba.core.typing.typeof import Purpose, typeof
 from numba.np import numpy_support
 
 __all__ = ["njit"]
@@ -230,8 +231,9 @@ def _write_runtime(path: str, key: str, state: Any) -> None:
 
 
 def _array_type(val: Any) -> Any:
-    """Numba's type of a plain ``ndarray``, or of a tuple of them, as
-    ``numba.typeof`` gives it; None for anything else (Numba's own then)."""
+    """Numba's type of a plain ``ndarray``, or of a tuple of them and numbers
+    (tuples nested), as ``numba.typeof`` gives it; None for anything else
+    (Numba's own typeof then)."""
     if type(val) is np.ndarray:  # exactly: a subclass may be a masked array
         try:
             dtype = numpy_support.from_dtype(val.dtype)
@@ -240,9 +242,21 @@ def _array_type(val: Any) -> Any:
         return types.Array(dtype, val.ndim, numpy_support.map_layout(val),
                            readonly=not val.flags.writeable)
     if type(val) is tuple and val:
-        members = [_array_type(v) for v in val]
+        members = [_number_type(v) if type(v) in _NUMBERS or isinstance(v, np.number)
+                   else _array_type(v) for v in val]
         return None if None in members else types.BaseTuple.from_types(members, tuple)
     return None
+
+
+_NUMBERS = (int, float, bool, complex)
+
+
+def _number_type(val: Any) -> Any:
+    """Numba's type of a number (no array inside: Numba's typeof is cheap), or None."""
+    try:
+        return typeof(val, Purpose.argument)
+    except ValueError:  # an int past 64 bits
+        return None
 
 
 class _LightDispatcher(CPUDispatcher):
