@@ -15,20 +15,18 @@ offsets.
 What opening checks: the file is a readable Arrow IPC stream or file whose
 schema has the column with an integer list type; no buffer is compressed;
 each batch's offsets and values buffers lie inside the file; the list holds
-no null values. Opening walks the record batches' headers through a memory
-map (O(record batches), about one per 1,000 rows as ``datasets`` writes
-them; no token is read) and reads two offsets per batch; the whole offsets
-are checked (non-decreasing) once, on the first read that needs them, and
-by ``verify``. A null row reads as an empty document (a document of the
-peer's: ids are row numbers). Over object storage (``s3://``, ``gs://``,
-``az://``), opening walks the stream's message headers by range instead
-(``arrow_ipc``: no pyarrow, one small read per message and two per record
-batch, in turn: each message's place comes from the one before it).
+no null values. Opening walks the stream's message headers (``arrow_ipc``:
+no pyarrow; O(record batches), about one per 1,000 rows as ``datasets``
+writes them; no token is read), one small read per message and two offsets
+per record batch, in turn (each message's place comes from the one before
+it), the same on local files and on object storage (``s3://``, ``gs://``,
+``az://``); the whole offsets are checked (non-decreasing) once, on the
+first read that needs them, and by ``verify``. A null row reads as an empty
+document (a document of the peer's: ids are row numbers).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -113,9 +111,8 @@ class HFFiles(PeerFiles):
         self._offsets: list[tuple[int, int, np.dtype]] = []  # (byte, rows, dtype) per batch
         self._firsts: list[int] = []  # each batch's first list offset
         dtypes = set()
-        walk = self._walk if isinstance(location.root, Path) else self._walk_ranged
         for name in _arrow_files(location):
-            dtype = walk(name, shards)
+            dtype = self._walk(name, shards)
             if dtype is not None:
                 dtypes.add(dtype)
         if len(dtypes) > 1:
@@ -126,42 +123,11 @@ class HFFiles(PeerFiles):
         self._flat = self._flat_offsets()
         self._tables: DocumentTables | None = None
 
-    def _walk(self, name: str, shards: list[PeerShard]) -> np.dtype | None:
-        """Append ``name``'s record batches to ``shards``; its token dtype."""
-        import pyarrow as pa
-
-        path = self.path(name)
-        try:
-            source = pa.memory_map(str(path))
-        except OSError as error:
-            raise FormatError(f"cannot be read ({error})", path=path, field="files") from None
-        with source:
-            size = source.size()
-            whole = source.read_buffer(size)
-            source.seek(0)
-            try:
-                if whole.size >= 6 and whole[:6].to_pybytes() == b"ARROW1":
-                    reader: Any = pa.ipc.open_file(source)
-                    batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
-                else:
-                    reader = pa.ipc.open_stream(source)
-                    batches = iter(reader)
-                schema = reader.schema
-                column, dtype = _token_column(schema, self._column, path)
-                for rows, batch in enumerate(batches):
-                    self._batch(name, batch.column(column), whole.address, size, shards, dtype,
-                                f"{self._column}[batch {rows}]")
-            except FormatError:
-                raise
-            except (pa.ArrowException, OSError, ValueError) as error:
-                raise FormatError(f"not a readable Arrow IPC stream or file ({error}); "
-                                  "truncated or not fully written?", path=path,
-                                  field="arrow") from None
-        return dtype
-
-    def _walk_ranged(self, name: str, shards: list[PeerShard]) -> np.dtype:
-        """``_walk`` by range reads of the message headers (``arrow_ipc``): how
-        files on object storage are opened; two small reads per record batch."""
+    def _walk(self, name: str, shards: list[PeerShard]) -> np.dtype:
+        """Append ``name``'s record batches to ``shards``; its token dtype. By
+        reads of the message headers (``arrow_ipc``), local files as files on
+        object storage: no pyarrow (its import alone cost a fresh process
+        40-60 ms and ~25 MiB); two small reads per record batch."""
         path, storage = self.path(name), self.storage
         size = int(storage.size(name))
         handle = storage.open(name)
@@ -198,37 +164,6 @@ class HFFiles(PeerFiles):
             self._offsets.append((batch.offsets_at, batch.rows, np.dtype(kind)))
             self._firsts.append(int(first))
         return dtype
-
-    def _batch(self, name: str, array: Any, base: int, size: int, shards: list[PeerShard],
-               dtype: np.dtype, field: str) -> None:
-        import pyarrow as pa
-
-        path = self.path(name)
-        buffers = array.buffers()
-        offsets, values = buffers[1], buffers[3]
-        rows = len(array)
-        width = 8 if pa.types.is_large_list(array.type) else 4
-        if offsets is None or rows == 0:
-            return
-        if array.offset or array.values.null_count:
-            raise FormatError("expected an unsliced list with no null tokens", path=path,
-                              field=field)
-        at = offsets.address - base
-        if not 0 <= at <= size - (rows + 1) * width:
-            raise FormatError("the offsets buffer is not inside the file (compressed?)",
-                              path=path, field=field)
-        bounds = np.frombuffer(offsets, f"<i{width}", 2, 0), np.frombuffer(
-            offsets, f"<i{width}", 1, rows * width)
-        first, last = int(bounds[0][0]), int(bounds[1][0])
-        tokens = last - first
-        start = (values.address - base if values is not None else 0) + first * dtype.itemsize
-        if first < 0 or tokens < 0 or (tokens and (values is None or not 0 <= start <= size
-                                                   - tokens * dtype.itemsize)):
-            raise FormatError(f"offsets {first} to {last} do not lie in the values buffer",
-                              path=path, field=field)
-        shards.append(PeerShard(name, start, tokens, rows, name))
-        self._offsets.append((at, rows, np.dtype(f"<i{width}")))
-        self._firsts.append(first)
 
     def _list_offsets(self, shard: int) -> Column:
         at, rows, dtype = self._offsets[shard]
@@ -328,18 +263,3 @@ class HFFiles(PeerFiles):
         return [("column", self._column), ("record batches", f"{len(self.shards):,}")]
 
 
-def _token_column(schema: Any, name: str, path: str | Path) -> tuple[int, np.dtype]:
-    """The index and token dtype of ``name`` in ``schema``: an integer list."""
-    import pyarrow as pa
-
-    index = schema.get_field_index(name)
-    if index < 0:
-        lists = [f.name for f in schema if pa.types.is_list(f.type)
-                 or pa.types.is_large_list(f.type)]
-        raise FormatError(f"no column {name!r}; list columns: {lists} (pass column=)",
-                          path=path, field="column")
-    kind = schema.field(index).type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
-            kind.value_type):
-        raise FormatError(f"expected a list of integers, found {kind}", path=path, field=name)
-    return index, np.dtype(kind.value_type.to_pandas_dtype()).newbyteorder("<")
