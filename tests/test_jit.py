@@ -237,3 +237,40 @@ def test_an_environment_of_a_numba_module_not_imported_is_not_imported() -> None
     assert imported.globals is vars(types)  # Numba's own rebuild: the module's globals
     with pytest.raises(ModuleNotFoundError):  # another package's module: imported, as Numba does
         _jit._rebuild_environment("zerobatch_absent_module", [], "env-of-another-package")
+
+
+_LINKED = """from zerobatch._jit import njit
+import numpy as np
+
+@njit(cache=True)
+def cached(x):
+    return np.full(3, x).sum()
+
+def compile_caller():
+    @njit  # compiled in this process: links the cached kernel's library
+    def caller(x):
+        return cached(x) + 1
+    return caller
+"""
+
+
+def test_a_kernel_compiled_later_links_a_cached_one(tmp_path: Path) -> None:
+    """A loaded kernel's bitcode is parsed only when something links it: a
+    kernel compiled in the same process that calls it must still link and run."""
+    package = tmp_path / "linked"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "kernels.py").write_text(_LINKED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    code = ("from linked.kernels import cached, compile_caller\n"
+            "from zerobatch import _jit\n"
+            "print(cached(2), compile_caller()(5), cached._cache_hits[cached.signatures[0]],\n"
+            "      type(cached.overloads[cached.signatures[0]].library).__name__)")
+    outputs = []
+    for _ in range(2):  # compiles and caches, then loads from the cache
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr[-3000:]
+        outputs.append(out.stdout.split())
+    assert outputs[0][:3] == ["6", "16", "0"]
+    assert outputs[1] == ["6", "16", "1", "_DeferredLibrary"]

@@ -36,6 +36,11 @@ cached kernel does not need, and kernels decorated here skip them:
   which Numba's overloads have none of, so a Numba module that is not yet
   imported gets an environment of its name alone (a module of any other
   package, or one imported already, gets its own globals, as in Numba).
+- Loading a kernel parses its LLVM bitcode (kept to link it into kernels
+  compiled later) and lists the module's symbols: 4-6 ms a kernel, for
+  code that runs from the object file alone. Kernels loaded here parse it
+  when something links them (``_DeferredLibrary``), and their entry points
+  are known from the function's descriptor.
 - The first call of a kernel without a signature loads every installed
   package's Numba extensions (an ``importlib.metadata`` scan of every
   distribution: 10-16 ms here, more in a larger environment). A kernel found
@@ -67,6 +72,7 @@ import numpy as np
 from numba.core import config as _numba_config
 from numba.core import errors, registry, types
 from numba.core.caching import FunctionCache, IndexDataCacheFile
+from numba.core.codegen import JITCodeLibrary as _JITCodeLibrary
 from numba.core.compiler_lock import global_compiler_lock
 from numba.core.dispatcher import Dispatcher
 from numba.core.typing.typeof import Purpose, typeof
@@ -76,6 +82,7 @@ __all__ = ["njit"]
 
 # Numba's own classes and settings, untyped for mypy (Numba has no stubs)
 CPUDispatcher: Any = registry.CPUDispatcher
+JITCodeLibrary: Any = _JITCodeLibrary
 config: Any = _numba_config
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -132,6 +139,64 @@ class _KernelCache(FunctionCache):
                 return self._load_overload(sig, target_context)
         except Exception:  # an entry this path cannot rebuild: Numba's own load
             return super().load_overload(sig, target_context)
+
+    def _load_overload(self, sig: Any, target_context: Any) -> Any:
+        """Numba's ``Cache._load_overload``, rebuilt by ``_rebuild``."""
+        if not self._enabled:
+            return None
+        data = self._cache_file.load(self._index_key(sig, target_context.codegen()))
+        return None if data is None else _rebuild(target_context, *data)
+
+
+def _rebuild(target_context: Any, libdata: Any, fndesc: Any, env: Any, signature: Any,
+             objectmode: bool, lifted: Any, typeann: Any, reload_init: Any,
+             referenced_envs: Any) -> Any:
+    """Numba's ``CompileResult._rebuild`` of a cache entry, with the library
+    made by ``_deferred_library``."""
+    from numba.core import compiler
+
+    result_type: Any = compiler.CompileResult
+    name, kind, (object_code, shared_bitcode) = libdata  # unpacked before any side effect
+    if kind != "object" or objectmode:
+        raise ValueError(f"a {kind!r} entry (object mode {objectmode}): Numba's own load")
+    for function in reload_init or ():
+        function()
+    codegen = target_context.codegen()
+    library = _DeferredLibrary(codegen, name)
+    library.enable_object_caching()
+    library._set_compiled_object(object_code)
+    library._deferred_bitcode = shared_bitcode
+    library._finalize_final_module()  # the object code is loaded here
+    codegen._engine._defined_symbols.update(  # what get_executable and callers look up
+        (fndesc.llvm_func_name, fndesc.llvm_cpython_wrapper_name))
+    entry_point = target_context.get_executable(library, fndesc, env)
+    result = result_type(
+        target_context=target_context, typing_context=target_context.typing_context,
+        library=library, environment=env, entry_point=entry_point, fndesc=fndesc,
+        type_annotation=typeann, signature=signature, objectmode=objectmode, lifted=lifted,
+        typing_error=None, call_helper=None, metadata=None, reload_init=reload_init,
+        referenced_envs=referenced_envs)
+    for each in referenced_envs:
+        codegen.set_env(each.env_name, each)
+    return result
+
+
+class _DeferredLibrary(JITCodeLibrary):
+    """A cached kernel's code library whose shared bitcode is parsed, and its
+    symbols listed, when it is first linked or serialized (Numba's parses
+    both on load); until then its object code alone runs."""
+
+    _deferred_bitcode: bytes | None = None
+
+    def _get_module_for_linking(self) -> Any:
+        bitcode = self._deferred_bitcode
+        if bitcode is not None:
+            from llvmlite import binding
+
+            self._shared_module = binding.parse_bitcode(bitcode)
+            self._codegen._engine._load_defined_symbols(self._shared_module)
+            self._deferred_bitcode = None
+        return super()._get_module_for_linking()
 
 
 class _KernelCacheFile(IndexDataCacheFile):
