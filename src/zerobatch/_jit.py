@@ -20,7 +20,7 @@ rebuilding such a kernel imports that module, and with it SciPy. Use the
 project's own loops (``stream._kernels.count_at_or_below``);
 ``tests/test_jit.py`` checks a fresh process's first batches.
 
-A fresh process pays three more things on a kernel's first call that a
+A fresh process pays five more things on a kernel's first call that a
 cached kernel does not need, and kernels decorated here skip them:
 
 - Numba's runtime compiles its own LLVM module (reference counts, atomics;
@@ -152,7 +152,7 @@ def _rebuild(target_context: Any, libdata: Any, fndesc: Any, env: Any, signature
              objectmode: bool, lifted: Any, typeann: Any, reload_init: Any,
              referenced_envs: Any) -> Any:
     """Numba's ``CompileResult._rebuild`` of a cache entry, with the library
-    made by ``_deferred_library``."""
+    made as a ``_DeferredLibrary``."""
     from numba.core import compiler
 
     result_type: Any = compiler.CompileResult
