@@ -135,7 +135,7 @@ def test_one_arrow_file_and_errors(saved, tmp_path):
         open_dataset(saved / "i64", column="text")
     bad = tmp_path / "cut.arrow"
     bad.write_bytes(arrow.read_bytes()[:-300])
-    with pytest.raises(FormatError, match="past the file's .*truncated") as error:
+    with pytest.raises(FormatError, match=r"past the file's .*truncated") as error:
         open_dataset(bad)
     assert error.value.path.endswith("cut.arrow") and error.value.field == "message"
     bad.write_bytes(b"\xff\xff\xff\xff" + b"\x7f" * 64)

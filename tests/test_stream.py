@@ -517,7 +517,12 @@ def test_shard_table_rows_view_the_tables_and_hold_them() -> None:
 
     from zerobatch._jit import njit
     from zerobatch.stream._tables import (
-        bytes_at, join_tables, offsets_at, shard_tables, table_slices)
+        bytes_at,
+        join_tables,
+        offsets_at,
+        shard_tables,
+        table_slices,
+    )
 
     @njit
     def read(rows: np.ndarray, s: int) -> np.ndarray:
