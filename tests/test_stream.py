@@ -543,7 +543,9 @@ def test_shard_table_rows_view_the_tables_and_hold_them() -> None:
     for s, table in enumerate(expected):
         np.testing.assert_array_equal(read(rows, s), table)
     values = np.arange(10, dtype="<u8")
-    slices = table_slices(values, np.array([0, 4, 4]), np.array([4, 4, 10]))
+    slices = table_slices(values, np.array([0, 4, 4]), np.array([4, 4, 10]), "<u8")
+    with pytest.raises(ValueError, match=r"int64 .* 1-D contiguous uint64"):
+        table_slices(values.view("<i8"), np.array([0]), np.array([1]), "<u8")
     blobs = shard_tables([np.frombuffer(b"abc", np.uint8), np.zeros(0, np.uint8)], np.uint8)
     assert read_bytes(blobs, 0).tobytes() == b"abc" and read_bytes(blobs, 1).size == 0
     del values

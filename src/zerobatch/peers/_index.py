@@ -29,7 +29,7 @@ from zerobatch.peers._kernels import plan_mapped_documents
 from zerobatch.stream import _kernels as k
 from zerobatch.stream._tables import table_slices
 from zerobatch.stream.index import ShardError
-from zerobatch.stream.manifest import DOCS
+from zerobatch.stream.manifest import DOCS, OFFSET_DTYPE
 from zerobatch.stream.ranged import IndexView
 
 __all__ = ["Boundaries", "DocumentTables", "PeerIndex", "by_shard"]
@@ -181,7 +181,7 @@ class PeerIndex:
                 pieces, shards, virtual, bounds, out_starts, values,
                 dict(zip(live[split].tolist(), (starts[s] + first)[split].tolist(), strict=True)))
         return IndexView(virtual, shards, self._records[shards],
-                         table_slices(values, bounds[0], bounds[1]), out_starts, None,
+                         table_slices(values, bounds[0], bounds[1], OFFSET_DTYPE), out_starts, None,
                          np.zeros(shards.shape[0], np.int64), None, None, None)
 
     @staticmethod

@@ -54,11 +54,13 @@ def shard_tables(tables: Sequence[np.ndarray], dtype: npt.DTypeLike) -> npt.NDAr
 
 
 def table_slices(values: np.ndarray, starts: npt.NDArray[np.int64],
-                 ends: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+                 ends: npt.NDArray[np.int64], dtype: npt.DTypeLike) -> npt.NDArray[np.int64]:
     """The rows of tables ``values[starts[i]:ends[i]]``, with no Python call a
-    table (``values`` 1-D contiguous, ``0 <= starts <= ends <= len(values)``)."""
-    if values.ndim != 1 or not values.flags.c_contiguous:
-        raise ValueError(f"values of shape {values.shape} must be 1-D contiguous")
+    table (``values`` 1-D contiguous ``dtype``, ``0 <= starts <= ends <=
+    len(values)``)."""
+    if values.dtype != np.dtype(dtype) or values.ndim != 1 or not values.flags.c_contiguous:
+        raise ValueError(f"values are {values.dtype} of shape {values.shape}: they must be "
+                         f"a 1-D contiguous {np.dtype(dtype)}")
     rows = np.empty((starts.shape[0], 2), np.int64)
     rows[:, 0] = values.ctypes.data + starts * values.itemsize
     rows[:, 1] = ends - starts
