@@ -1,6 +1,7 @@
 """The Arrow IPC framing and the few flatbuffer fields zerobatch needs to find a
 list column's buffers in each record batch, read by range (no pyarrow): how
-Hugging Face Arrow files on object storage are opened in place.
+Hugging Face Arrow files are opened in place, on local disks and on object
+storage.
 
 An Arrow IPC stream is a sequence of messages, each:
 
