@@ -1755,10 +1755,12 @@ def _warm_token_kernels() -> None:
     _warmed_token_kernels = True
 
 
-def _warm_codecs() -> None:
-    """Import the codecs ``json.loads`` picks for bytes by their first bytes
-    (UTF-16 and UTF-32, either order): a mutated JSON file that starts like
-    one would import it in a forked child."""
+def _warm_lazy_imports() -> None:
+    """Import what the reads import lazily on first use, so that a mutated
+    input reaching it first in a forked child does not: the codecs
+    ``json.loads`` picks for bytes by their first bytes (UTF-16 and UTF-32,
+    either order), and ``np.ma`` (NumPy 2's ``np.unique`` asks it whether its
+    input is masked)."""
     import encodings.utf_16
     import encodings.utf_16_be
     import encodings.utf_16_le
@@ -1766,11 +1768,6 @@ def _warm_codecs() -> None:
     import encodings.utf_32_be
     import encodings.utf_32_le  # noqa: F401
 
-
-def _warm_numpy() -> None:
-    """Import what NumPy 2 imports on first use: ``np.ma`` (``np.unique`` asks
-    it whether its input is masked), which a mutated input's path may reach
-    first in a forked child."""
     import numpy.ma  # noqa: F401
 
 
@@ -1779,8 +1776,7 @@ def warm_up(target: Target) -> None:
     kernels), so forked children start warm; one that does not read is a
     harness bug."""
     read = target.remote or target.read
-    _warm_codecs()
-    _warm_numpy()
+    _warm_lazy_imports()
     if target.on_disk or target.remote is not None:  # a remote target reads the same tokens
         _warm_token_kernels()
     with tempfile.TemporaryDirectory(dir=_scratch()) as tmp:

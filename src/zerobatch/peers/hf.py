@@ -261,5 +261,3 @@ class HFFiles(PeerFiles):
 
     def facts(self) -> list[tuple[str, str]]:
         return [("column", self._column), ("record batches", f"{len(self.shards):,}")]
-
-
