@@ -633,10 +633,10 @@ def _mds_refused(seeds: Callable[[], list[Files]], **options: Any) -> Callable[[
                     mds = ds.files
                     shard = next(i for i, s in enumerate(mds.shards) if s.records)
                     name = mds.shards[shard].tokens
-                    table = mds.table(shard)
+                    _, _, value, head, _ = mds.table(shard).sample(0)
                     raw = bytearray(files[name])
-                    if int(table.headers[0]):  # the shape header's ndim byte
-                        at = int(table.values[0] - table.headers[0])
+                    if head:  # the shape header's ndim byte
+                        at = value - head
                         raw[at] = 2 << 2 | (raw[at] & 3)
                     else:  # sample 0's end in the offsets table
                         raw[8:12] = (int.from_bytes(raw[8:12], "little") + 1).to_bytes(4, "little")

@@ -286,6 +286,8 @@ def test_local_reads_are_one_call(mds, monkeypatch):
 
     folder, samples = mds["mixed"]
     with open_dataset(folder) as ds:
+        ds.files.prepare(np.arange(len(ds.files.shards)))  # each shard's table: read once
+
         def refuse(*args, **kwargs):
             raise AssertionError("not the one-call path")
 
@@ -402,3 +404,65 @@ def test_one_kernel_specialization_for_any_batch(mds):
         windows.read([0])  # one piece
         windows.read(np.arange(min(len(windows), 64)))  # many
     assert {signature[0].layout for signature in mds_pieces.signatures} == {"C"}
+
+
+def test_opening_keeps_no_sample_table(mds, tmp_path):
+    """Opening checks every shard's offsets table and keeps none of it: a
+    shard's sample table is built on its first read (an O(read) first batch
+    of any corpus), and a shard changed after opening is refused there,
+    naming its file and sample."""
+    folder, samples = mds["plain"]
+    tokens = np.concatenate(samples)
+    with open_dataset(folder) as ds:
+        files = ds.files
+        empty = np.array([not shard.documents for shard in files.shards])
+        assert files._ready.tolist() == empty.tolist()
+        np.testing.assert_array_equal(ds.windows(8).read([0])["labels"][0], tokens[1:9])
+        first = int(np.flatnonzero(~empty)[0])  # the shard of the first sample, alone
+        assert files._ready.tolist() == (empty | (np.arange(empty.size) == first)).tolist()
+        last = len(samples) - 1
+        np.testing.assert_array_equal(ds.documents().read([last])["input_ids"][0],
+                                      samples[last])
+        assert files._ready[-1] and not files._ready[~empty].all()
+    copy, index = _copy(mds, "plain", tmp_path)
+    with open_dataset(copy) as ds:
+        shard = next(s for s, entry in enumerate(ds.files.shards) if entry.documents > 1)
+        path, good = _shard(copy, index, shard)
+        raw = bytearray(good)  # sample 1 starts a byte later: sample 0 is no 1-D array
+        raw[8:12] = (int.from_bytes(good[8:12], "little") + 1).to_bytes(4, "little")
+        path.write_bytes(bytes(raw))
+        document = sum(entry.documents for entry in ds.files.shards[:shard])
+        with pytest.raises(FormatError, match=r"samples\[0\].tokens") as caught:
+            ds.documents().read([document])
+        assert path.name in str(caught.value)
+
+
+@settings(max_examples=200, deadline=None)
+@given(itemsize=st.sampled_from([1, 2, 4, 8]), data=st.data())
+def test_sample_table_count_equals_the_checked_build(itemsize, data):
+    """Opening counts a shard's tokens branch-free (each header width from the
+    column's bytes); a shard's first read builds its table sample by sample,
+    trying each width: both agree on every column size, sound or not,
+    around each width's first and last sizes."""
+    from zerobatch.peers._kernels import MDS_OK, mds_header, mds_sample_table
+
+    edges = [2 + itemsize, 2 + 255 * itemsize, 3 + 256 * itemsize, 3 + 65_535 * itemsize,
+             5 + 65_536 * itemsize]
+    near = st.builds(lambda edge, step: max(edge + step, 0), st.sampled_from(edges),
+                     st.integers(-3, 3))
+    columns = data.draw(st.lists(st.one_of(near, st.integers(0, 40)), min_size=1, max_size=12))
+    offsets = np.cumsum([64] + [4 + c for c in columns]).astype("<u4")
+    arguments = (np.zeros((0, 1), np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64), 0,
+                 itemsize, 0, 0, 7)
+    counted = mds_sample_table(offsets, *arguments, np.zeros(0, np.int64),
+                               np.zeros((0, 2), np.int64))
+    tokens, samples = np.empty(len(columns) + 1, np.int64), np.empty((len(columns), 2), np.int64)
+    built = mds_sample_table(offsets, *arguments, tokens, samples)
+    assert counted == built
+    sound = [c for c in columns if any(
+        c - h >= itemsize and (c - h) % itemsize == 0 and mds_header((c - h) // itemsize) == h
+        for h in (2, 3, 5, 9))]
+    assert (built[2] == MDS_OK) == (len(sound) == len(columns))
+    if built[2] == MDS_OK:
+        assert tokens[-1] - tokens[0] == built[0]
+        np.testing.assert_array_equal(samples[:, 0], offsets[:-1])

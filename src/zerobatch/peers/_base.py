@@ -225,6 +225,12 @@ class PeerFiles(ABC):
                 found.append(Problem(self.path(entry.boundary), field, message))
         return found
 
+    def prepare(self, shards: npt.NDArray[np.int64]) -> None:
+        """Ready what reading ``shards`` needs beyond their open files, before
+        their first read opens them (MDS: their sample tables). This default
+        needs nothing."""
+        return
+
     def read_scattered(self, shards: np.ndarray, requests: np.ndarray,
                        buffer: np.ndarray) -> None:
         """Run a dataset's read ``requests`` (``(4, P)``: handle, byte offset, bytes
@@ -335,6 +341,12 @@ class PeerDataset(Dataset):
 
     def _token_file(self, shard: int) -> str:
         return self._files.shards[shard].tokens
+
+    def _open(self, shards: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        # A shard's open file is what every read kernel checks first: whatever
+        # else reading it needs is ready before (PeerFiles.prepare).
+        self._files.prepare(shards)
+        return super()._open(shards)
 
     def _read_records(self, pieces: np.ndarray, requests: np.ndarray, closed: int,
                       buffer: np.ndarray) -> np.ndarray:

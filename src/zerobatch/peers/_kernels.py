@@ -14,9 +14,11 @@ from zerobatch.storage.local import _LINE, _pointer, _prefetch, prefetch_request
 from zerobatch.stream import _kernels as stream_kernels
 from zerobatch.stream._kernels import count_at_or_below
 
-__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "BAD_SAMPLE", "OK", "gather", "mds_check",
-           "mds_pieces", "mds_read_requests", "mds_read_windows", "mds_read_windows_segments",
-           "megatron_offsets", "plan_mapped_documents", "search_right"]
+__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "BAD_SAMPLE", "MDS_BACKWARDS",
+           "MDS_NOT_1D", "MDS_NOT_WHOLE", "MDS_OK", "MDS_SHORT", "MDS_SIZES", "OK", "gather",
+           "mds_check", "mds_header", "mds_pieces", "mds_read_requests", "mds_read_windows",
+           "mds_read_windows_segments", "mds_sample_table", "megatron_offsets",
+           "plan_mapped_documents", "search_right"]
 
 _OBS, _SHARD, _START, _LENGTH, _DEST = (stream_kernels.OBS, stream_kernels.SHARD,
                                         stream_kernels.START, stream_kernels.LENGTH,
@@ -150,9 +152,180 @@ def mds_check(
     return -1
 
 
+MDS_OK, MDS_BACKWARDS, MDS_SHORT, MDS_SIZES, MDS_NOT_WHOLE, MDS_NOT_1D = 0, 1, 2, 3, 4, 5
+"""``mds_sample_table``'s codes: sound; a sample offset going backwards; a
+sample shorter than its size prefix; column sizes that disagree with the
+sample's bytes; a bytes column not a whole number of tokens; a column not a
+1-D ndarray of at least one value."""
+
+
+@njit(nogil=True, cache=True, inline="always")
+def mds_header(count: int) -> int:
+    """Bytes of MDS's shape header of a 1-D ndarray of ``count`` values: a
+    ``ndim << 2 | code`` byte, then the size in the smallest unsigned width
+    that holds it."""
+    if count < 1 << 8:
+        return 2
+    if count < 1 << 16:
+        return 3
+    if count < 1 << 32:
+        return 5
+    return 9
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _mds_head(column: int, itemsize: int) -> tuple[int, int]:
+    """The shape header bytes (2, 3, 5 or 9) that a 1-D ndarray column of
+    ``column`` bytes can have, and the fewest values it then needs (1, 256,
+    65,536 or 2**32): the header width follows from the bytes, branch-free."""
+    wide = (np.int64(column >= 2 + (1 << 8) * itemsize)
+            + np.int64(column >= 3 + (1 << 16) * itemsize)
+            + np.int64(column >= 5 + (1 << 32) * itemsize))
+    low = np.int64(1) << (8 * ((1 << wide) // 2))
+    return int(2 + wide + (wide >= 2) + 3 * (wide >= 3)), int(low)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _mds_tokens(offsets: np.ndarray, overhead: int, itemsize: int, shift: int
+                ) -> tuple[int, bool]:
+    """The tokens of a shard's samples whose only variable-size column is a
+    1-D ndarray (``overhead``: each sample's other bytes), and whether every
+    sample holds one: ``mds_sample_table``'s count without a branch per
+    sample."""
+    total = np.int64(0)
+    sound = True
+    for j in range(offsets.shape[0] - 1):
+        column = np.int64(offsets[j + 1]) - np.int64(offsets[j]) - overhead
+        head, low = _mds_head(column, itemsize)
+        values = (column - head) >> shift
+        sound &= ((column - head) & (itemsize - 1)) == 0
+        sound &= values >= low
+        total += values
+    return int(total), sound
+
+
+@njit(nogil=True, cache=True)
+def mds_sample_table(
+    offsets: np.ndarray, prefixes: np.ndarray, column_sizes: np.ndarray, variable: np.ndarray,
+    position: int, itemsize: int, mode: int, per: int, token_base: int, tokens: np.ndarray,
+    samples: np.ndarray,
+) -> tuple[int, int, int, int]:
+    """One MDS shard's samples from its offsets table (``offsets``: ``<u4
+    [n + 1]``, checked to lie inside the file) and, with several
+    variable-size columns, every sample's size prefix (``prefixes``, ``[n,
+    variable]``; with fewer rows only the offsets are checked). ``mode``: 0
+    a 1-D ndarray token column with a shape header, 1 a bytes column, 2 a
+    fixed shape of ``per`` values. With room (``tokens`` ``[n + 1]``,
+    ``samples`` ``[n, 2]``) writes each sample's first token (from
+    ``token_base``) and its start and first value bytes.
+
+    Returns ``(tokens, first value byte or -1, code, sample)``: ``code`` is
+    ``MDS_OK`` or what is wrong with ``sample``."""
+    n = offsets.shape[0] - 1
+    width = 4 * variable.shape[0]
+    shift = 0  # itemsize is 1, 2, 4 or 8: shifts, not divisions, in the loop
+    while (1 << shift) < itemsize:
+        shift += 1
+    for j in range(n):  # (int64 first: uint32 against int64 compares as float64)
+        length = np.int64(offsets[j + 1]) - np.int64(offsets[j])
+        if length < 0:
+            return 0, -1, MDS_BACKWARDS, j
+        if length < width:
+            return 0, -1, MDS_SHORT, j
+    if variable.shape[0] > 1 and prefixes.shape[0] < n:
+        return 0, -1, MDS_OK, 0
+    fixed = np.int64(0)
+    for c in range(column_sizes.shape[0]):
+        fixed += column_sizes[c]
+    single = variable.shape[0] == 1  # the common case: no loop over the columns per sample
+    fixed_before = np.int64(0)
+    for c in range(position):
+        fixed_before += column_sizes[c]
+    own = single and variable[0] == position  # the token column is the variable one
+    after = single and variable[0] > position
+    sizes = column_sizes.copy()
+    write = tokens.shape[0] > 0
+    if own and mode == 0 and not write and n > 0:  # opening: the count alone
+        total, sound = _mds_tokens(offsets, width + fixed, itemsize, shift)
+        if sound:
+            head = _mds_head(np.int64(offsets[1]) - np.int64(offsets[0]) - width - fixed,
+                             itemsize)[0]
+            return int(total), int(offsets[0]) + width + fixed_before + head, MDS_OK, 0
+    total = np.int64(0)
+    first = np.int64(-1)
+    for j in range(n):  # (the loop that names what is wrong, where _mds_tokens found it)
+        begin = np.int64(offsets[j])
+        length = np.int64(offsets[j + 1]) - begin
+        if single:
+            size = length - width - fixed
+            if size < 0:
+                return 0, -1, MDS_SIZES, j
+            before = begin + width + fixed_before + (0 if own or after else size)
+            column = size if own else column_sizes[position]
+        else:
+            every = np.int64(width)
+            wrong = False
+            for v in range(variable.shape[0]):
+                sizes[variable[v]] = prefixes[j, v]
+            for c in range(sizes.shape[0]):
+                wrong |= sizes[c] < 0
+                every += sizes[c]
+            if wrong or every != length:
+                return 0, -1, MDS_SIZES, j
+            before = begin + width
+            for c in range(position):
+                before += sizes[c]
+            column = sizes[position]
+        head = 0
+        if mode == 1:
+            if column & (itemsize - 1):
+                return 0, -1, MDS_NOT_WHOLE, j
+            count = column >> shift
+        elif mode == 2:
+            count = np.int64(per)
+        else:
+            count = np.int64(0)  # exactly one header width can fit (the smallest)
+            for head in (2, 3, 5, 9):
+                values = (column - head) >> shift
+                if (column - head >= itemsize and (column - head) & (itemsize - 1) == 0
+                        and mds_header(values) == head):
+                    count = values
+                    break
+            if count < 1:
+                return 0, -1, MDS_NOT_1D, j
+        if write:
+            tokens[j] = token_base + total
+            samples[j, 0] = begin
+            samples[j, 1] = before + head
+        if j == 0:
+            first = before + head
+        total += count
+    if write:
+        tokens[n] = token_base + total
+    return int(total), int(first), MDS_OK, 0
+
+
 BAD_SAMPLE = -4
 """The ``read_request``-style status of the MDS read kernels for a sample
 whose header disagrees with its table (the scattered read names it)."""
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _view(array: np.ndarray) -> np.ndarray:
+    """``array``'s memory as an array that owns no reference (``numba.carray``):
+    passing it around costs no reference count, where passing ``array``
+    costs two atomic operations each time (the caller keeps it alive)."""
+    return numba.carray(_pointer(array.ctypes.data), array.shape, array.dtype)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _unowned(mds: tuple) -> tuple:
+    """``MDSFiles.kernel_tables`` with its arrays as ``_view`` s: the read
+    kernels hand the tuple down per row, piece and sample, and each hand-off
+    of a tuple of owned arrays counts a reference to each."""
+    return (mds[0], mds[1], mds[2], mds[3], mds[4], _view(mds[5]), _view(mds[6]),
+            _view(mds[7]), _view(mds[8]), _view(mds[9]), _view(mds[10]), _view(mds[11]),
+            mds[12], mds[13], _view(mds[14]))
 
 
 @njit(nogil=True, cache=True)
@@ -162,12 +335,13 @@ def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: 
     byte offset, bytes and destination), the samples ``[lo, hi)``
     (``spans[:, p]``; global with a dynamic shape, else of the shard) holding
     its records (``mds``: ``MDSFiles.kernel_tables``). With a dynamic shape
-    the binary searches of all requests advance together, one level per
-    pass, so their cache misses overlap (a large corpus's tables do not fit
-    the CPU caches); then a walk over the samples each request covers."""
+    the binary searches of all requests (each over its shard's samples)
+    advance together, one level per pass, so their cache misses overlap (a
+    large corpus's tables do not fit the CPU caches); then a walk over the
+    samples each request covers."""
     count = shards.shape[0]
     spans = np.zeros((2, count), np.int64)
-    per, tokens, shard_tokens = mds[2], mds[6], mds[10]
+    per, tokens, shard_samples, shard_tokens = mds[2], mds[6], mds[9], mds[10]
     at = np.empty(count, np.int64)
     high = np.zeros(count, np.int64)
     for p in range(count):
@@ -176,9 +350,10 @@ def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: 
             continue
         if per > 0:
             spans[0, p], spans[1, p] = first // per, (first + length - 1) // per + 1
-        else:  # tokens[lo] <= at < tokens[high]: tokens[0] is 0, the last entry every token
+        else:  # tokens[lo] <= at < tokens[high], inside the shard's samples (its table)
             at[p] = shard_tokens[shards[p]] + first
-            high[p] = tokens.shape[0] - 1
+            spans[0, p] = shard_samples[shards[p]]
+            high[p] = shard_samples[shards[p] + 1]
     if per > 0:
         return spans
     searching = True
@@ -194,11 +369,12 @@ def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: 
                     high[p] = middle
                 searching = True
     for p in range(count):
-        if high[p] == 0:  # no records
+        if requests[2, p] // itemsize <= 0:  # no records
             continue
         end = at[p] + requests[2, p] // itemsize
         hi = spans[0, p] + 1
-        while hi < tokens.shape[0] - 1 and tokens[hi] < end:
+        last = shard_samples[shards[p] + 1]
+        while hi < last and tokens[hi] < end:
             hi += 1
         spans[1, p] = hi
     return spans
@@ -214,9 +390,11 @@ def _sample_at(s: int, g: int, mds: tuple) -> tuple[int, int, int, int, int, int
     if per > 0:
         begin = mds[5][s] + g * size
         return g, g * per, per, begin, begin + size, begin + mds[4], 0
-    tokens, samples = mds[6], mds[7]
-    return (g - mds[9][s], tokens[g] - mds[10][s], tokens[g + 1] - tokens[g], samples[g, 1],
-            samples[g, 2], samples[g, 0], samples[g, 3])
+    tokens, samples, first = mds[6], mds[7], mds[9][s]
+    count = tokens[g + 1] - tokens[g]
+    end = samples[g + 1, 0] if g + 1 < mds[9][s + 1] else mds[14][s]
+    return (g - first, tokens[g] - mds[10][s], count, samples[g, 0], end, samples[g, 1],
+            mds_header(count) if mds[13] else 0)
 
 
 @njit(nogil=True, cache=True)
@@ -232,8 +410,9 @@ def mds_pieces(shards: np.ndarray, requests: np.ndarray, itemsize: int, total: i
     offsets-table entries), then ``n`` shape-header reads, into one scratch
     buffer of ``bytes``; per piece its shard, sample in the shard, token
     count, start and end bytes, value byte and header bytes."""
-    first_len, entries = mds[0], mds[1]
-    spans = _sample_spans(shards, requests, itemsize, mds)
+    tables = _unowned(mds)
+    first_len, entries = tables[0], tables[1]
+    spans = _sample_spans(shards, requests, itemsize, tables)
     n = 0
     for p in range(shards.shape[0]):
         n += spans[1, p] - spans[0, p]
@@ -245,7 +424,7 @@ def mds_pieces(shards: np.ndarray, requests: np.ndarray, itemsize: int, total: i
         s, handle = shards[p], requests[0, p]
         first, count = requests[1, p] // itemsize, requests[2, p] // itemsize
         for g in range(spans[0, p], spans[1, p]):
-            local, start, tokens_in, begin, end, value, head = _sample_at(s, g, mds)
+            local, start, tokens_in, begin, end, value, head = _sample_at(s, g, tables)
             low = max(start, first)
             high = min(start + tokens_in, first + count)
             reads[0, k] = handle
@@ -313,11 +492,11 @@ def _scratch(mds: tuple) -> tuple[np.ndarray, np.ndarray]:
 @njit(nogil=True, cache=True, inline="always")
 def _prefetch_samples(p: int, s: int, requests: np.ndarray, spans: np.ndarray,
                       addresses: np.ndarray, sizes: np.ndarray, use_pread: bool,
-                      mds: tuple) -> None:
-    """``prefetch_request`` of the file bytes of request ``p``'s samples
-    (``spans[:, p]`` of shard ``s``; samples lie end to end in the file),
-    and with a dynamic shape of their entries in the tables
-    ``_read_samples`` reads."""
+                      itemsize: int, mds: tuple) -> None:
+    """``prefetch_request`` of the file bytes request ``p`` reads (in the
+    samples ``spans[:, p]`` of shard ``s``, end to end in the file: from the
+    first one's size prefix to the last value read), and with a dynamic
+    shape of their entries in the tables ``_read_samples`` reads."""
     lo, hi = spans[0, p], spans[1, p]
     if hi <= lo:
         return
@@ -325,10 +504,12 @@ def _prefetch_samples(p: int, s: int, requests: np.ndarray, spans: np.ndarray,
         begin = mds[5][s] + lo * mds[3]
         end = mds[5][s] + hi * mds[3]
     else:
-        first = mds[7].ctypes.data + 32 * lo  # [samples, 4] int64
-        for line in range(first - first % _LINE, mds[7].ctypes.data + 32 * hi, _LINE):
+        first = mds[7].ctypes.data + 16 * lo  # [samples, 2] int64
+        for line in range(first - first % _LINE, mds[7].ctypes.data + 16 * hi, _LINE):
             _prefetch(line)
-        begin, end = mds[7][lo, 1], mds[7][hi - 1, 2]
+        begin = mds[7][lo, 0]
+        last = (mds[6][hi - 1] - mds[10][s]) * itemsize  # the last sample's first value
+        end = mds[7][hi - 1, 1] + requests[1, p] + requests[2, p] - last
     prefetch_request(requests[0, p], begin, end - begin, addresses, sizes, use_pread)
 
 
@@ -365,7 +546,7 @@ def _read_mds_row(
     itemsize = row.itemsize
     while ahead < pieces.shape[0] and pieces[ahead, _OBS] <= b + 1:
         _prefetch_samples(ahead, pieces[ahead, _SHARD], requests, spans, addresses, sizes,
-                          use_pread, mds)
+                          use_pread, itemsize, mds)
         ahead += 1
     base = row.ctypes.data - b * n * itemsize  # request destinations are batch offsets
     while p < pieces.shape[0] and pieces[p, _OBS] == b:
@@ -419,18 +600,21 @@ def mds_read_requests(
     next request's samples prefetched first (``mds``:
     ``MDSFiles.kernel_tables``). Returns (the failed request or -1, its
     status)."""
-    spans = _sample_spans(shards, requests, itemsize, mds)
-    check, column_sizes = _scratch(mds)
+    tables = _unowned(mds)
+    fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
+    spans = _sample_spans(shards, requests, itemsize, tables)
+    check, column_sizes = _scratch(tables)
     count = shards.shape[0]
     for p in range(count):
         if p == 0:
-            _prefetch_samples(0, shards[0], requests, spans, addresses, sizes, use_pread, mds)
+            _prefetch_samples(0, shards[0], requests, spans, address_table, size_table,
+                              use_pread, itemsize, tables)
         if p + 1 < count:
-            _prefetch_samples(p + 1, shards[p + 1], requests, spans, addresses, sizes,
-                              use_pread, mds)
+            _prefetch_samples(p + 1, shards[p + 1], requests, spans, address_table, size_table,
+                              use_pread, itemsize, tables)
         status = _read_request(p, shards[p], requests, spans, buffer.ctypes.data, 0,
-                               buffer.shape[0], check, column_sizes, fds, addresses, sizes,
-                               use_pread, itemsize, mds)
+                               buffer.shape[0], check, column_sizes, fd_table, address_table,
+                               size_table, use_pread, itemsize, tables)
         if status < 1:
             return p, status
     return -1, 1
@@ -452,12 +636,17 @@ def mds_read_windows(
         indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
-    check, column_sizes, spans = _row_scratch(pieces, requests, row, mds)
+    tables = _unowned(mds)
+    fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
+    # (parameters: the caller holds them; a local array's view could outlive it)
+    row_view, input_view, label_view = _view(row), _view(inputs), _view(labels)
+    check, column_sizes, spans = _row_scratch(pieces, requests, row, tables)
     p = ahead = 0
     for b in range(indices.shape[0]):
         p, ahead, failed, status, inside = _read_cast_mds_row(
-            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fds, addresses,
-            sizes, use_pread, seq_len, inputs, labels, shift, bounds, mds)
+            b, p, ahead, pieces, requests, spans, n, row_view, check, column_sizes, fd_table,
+            address_table, size_table, use_pread, seq_len, input_view, label_view, shift, bounds,
+            tables)
         if failed >= 0:
             return -1, -1, failed, status, _DOCS_OK, 0, -1
         if not inside:
@@ -480,17 +669,22 @@ def mds_read_windows_segments(
         indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
+    tables = _unowned(mds)
+    fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
+    # (parameters: the caller holds them; a local array's view could outlive it)
+    row_view, input_view, label_view = _view(row), _view(inputs), _view(labels)
     firsts, code, shard = stream_kernels._first_documents(pieces, n, seq_len, docs)
     if code != _DOCS_OK:
         return -1, -1, -1, 1, code, shard, -1
     mask_starts = shift == 0 and labels.shape[0] > 0
-    check, column_sizes, spans = _row_scratch(pieces, requests, row, mds)
+    check, column_sizes, spans = _row_scratch(pieces, requests, row, tables)
     p = ahead = 0
     for b in range(indices.shape[0]):
         first = p
         p, ahead, failed, status, inside = _read_cast_mds_row(
-            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fds, addresses,
-            sizes, use_pread, seq_len, inputs, labels, shift, bounds, mds)
+            b, p, ahead, pieces, requests, spans, n, row_view, check, column_sizes, fd_table,
+            address_table, size_table, use_pread, seq_len, input_view, label_view, shift, bounds,
+            tables)
         if failed >= 0:
             return -1, -1, failed, status, _DOCS_OK, 0, -1
         if not inside:

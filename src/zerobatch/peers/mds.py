@@ -30,20 +30,27 @@ values start and how many tokens it has, and reads a batch's records as one
 request per (window, sample) piece, with each piece's sample header read and
 checked in the same call (``read_scattered``).
 
-What opening costs: MDS records no token counts, so with a dynamic shape the
-tokens per sample come from each shard's offsets table (one read of
-``4 * (n + 2)`` bytes per shard, all shards in one call; with other
-variable-size columns also the ``4 * columns`` size prefix of every sample).
-With a fixed shape and only fixed-size columns, opening reads ``index.json``
-alone, and a shard's table is derived when it is first read. Compression
-refuses (decompress, or write with ``compression=None``); ``hashes`` are not
-checked. Samples of a dynamic shape are taken as 1-D: each piece read checks
-its sample header (size prefix, ``ndim == 1``, shape), and ``verify`` checks
-every sample.
+What opening costs: MDS records no token counts, so with a dynamic shape
+the tokens per shard come from its offsets table (``4 * (n + 2)`` bytes;
+with other variable-size columns also the ``4 * columns`` size prefix of
+every sample). Opening reads each table (a ``pread`` a shard from local
+files, a few MiB a call from object storage), checks every sample in one
+branch-free pass (``_kernels.mds_sample_table``: ~2 ns a sample) and keeps
+only the shard's token count: 4 bytes a sample read, nothing kept. A
+shard's sample table (24 bytes a sample, in pages of its own) is built on
+its first read (``prepare``, before its file is opened), so the first
+batch of a corpus of any size costs a few shards' tables. With a fixed
+shape and only fixed-size columns, opening reads ``index.json`` alone, and
+a shard's table is arithmetic. Compression refuses (decompress, or write
+with ``compression=None``); ``hashes`` are not checked. Samples of a
+dynamic shape are taken as 1-D: each piece read checks its sample header
+(size prefix, ``ndim == 1``, shape), and ``verify`` checks every sample.
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,13 +64,21 @@ from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
 from zerobatch.peers._index import DocumentTables
 from zerobatch.peers._kernels import (
+    MDS_BACKWARDS,
+    MDS_NOT_WHOLE,
+    MDS_OK,
+    MDS_SHORT,
+    MDS_SIZES,
     mds_check,
+    mds_header,
     mds_pieces,
     mds_read_requests,
     mds_read_windows,
     mds_read_windows_segments,
+    mds_sample_table,
 )
 from zerobatch.storage import LocalStorage
+from zerobatch.storage.protocol import byte_view
 from zerobatch.stream.verify import Problem
 
 __all__ = ["INDEX", "VALUE_DTYPES", "MDSFiles", "detect"]
@@ -76,6 +91,7 @@ VALUE_DTYPES: dict[str, np.dtype] = {
 """The integer dtypes of MDS's ``ndarray`` encoding (token ids)."""
 _MAX_INDEX = 1 << 30  # bytes of an index.json parsed
 _SHAPE_BYTES = (1, 2, 4, 8)  # shape dtype code -> bytes of each dimension
+_TABLE_BYTES = 4 << 20  # offsets tables read at once when opening from object storage
 _FIXED = {"uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "int8": 1, "int16": 2,
           "int32": 4, "int64": 8, "float16": 2, "float32": 4, "float64": 8}
 
@@ -138,40 +154,53 @@ class _Layout:
 
 @dataclass(frozen=True)
 class _Table:
-    """One shard's samples: token offsets (``[n + 1]``, from 0), where each
-    sample's values start in the file, where the sample starts, and its
-    header bytes before the values (0 with a fixed shape)."""
+    """One shard's samples: their token offsets (``[n + 1]``, from
+    ``start``), where each sample starts and where its values start in the
+    file (``[n]`` each), the file's bytes, and whether each sample's values
+    follow a 1-D shape header (its bytes: ``_kernels.mds_header``)."""
 
     tokens: npt.NDArray[np.int64]
-    values: npt.NDArray[np.int64]
+    start: int
     begins: npt.NDArray[np.int64]
-    headers: npt.NDArray[np.int64]
+    values: npt.NDArray[np.int64]
+    size: int
+    header: bool
+
+    def local(self) -> npt.NDArray[np.int64]:
+        """The token offsets from 0."""
+        return self.tokens - self.start
+
+    def sample(self, j: int) -> tuple[int, int, int, int, int]:
+        """Sample ``j``'s start and end bytes, first value byte, header bytes
+        and tokens."""
+        count = int(self.tokens[j + 1] - self.tokens[j])
+        end = int(self.begins[j + 1]) if j + 1 < self.begins.shape[0] else self.size
+        return (int(self.begins[j]), end, int(self.values[j]),
+                mds_header(count) if self.header else 0, count)
 
 
 @dataclass(frozen=True)
 class _Global:
-    """Every shard's table end to end (dynamic shapes): global token offsets
-    (``[samples + 1]``), per sample its value, start and end bytes and header
-    bytes (the columns of ``samples``, ``[samples, 4]``: a sample's four on
-    one cache line for the read kernels), and per shard its first sample and
-    first token."""
+    """Every shard's samples end to end (dynamic shapes), filled a shard at a
+    time on its first read (``MDSFiles.prepare``): the global token offsets
+    (``[samples + 1]``), per sample its start and first value bytes
+    (``[samples, 2]``: a sample's two on one cache line for the read
+    kernels), and per shard its first sample and first token. Anonymous
+    pages of their own (not NumPy's, which asks for huge pages): a shard not
+    read yet costs no memory."""
 
     tokens: npt.NDArray[np.int64]
     samples: npt.NDArray[np.int64]
     shard_samples: npt.NDArray[np.int64]
     shard_tokens: npt.NDArray[np.int64]
 
-    @property
-    def values(self) -> npt.NDArray[np.int64]:
-        return self.samples[:, 0]
 
-    @property
-    def begins(self) -> npt.NDArray[np.int64]:
-        return self.samples[:, 1]
-
-    @property
-    def headers(self) -> npt.NDArray[np.int64]:
-        return self.samples[:, 3]
+def _pages(shape: tuple[int, ...]) -> npt.NDArray[np.int64]:
+    """An ``int64`` array of ``shape`` in private anonymous pages (a forked
+    child's writes stay its own), untouched."""
+    count = int(np.prod(shape))
+    pages = mmap.mmap(-1, max(8 * count, 1), flags=mmap.MAP_PRIVATE)
+    return np.frombuffer(pages, np.int64, count).reshape(shape)
 
 
 class MDSFiles(PeerFiles):
@@ -201,6 +230,9 @@ class MDSFiles(PeerFiles):
         self._lock = _forksafe.lock()
         self._tables: dict[int, _Table] = {}
         self._global: _Global | None = None
+        self._ready: npt.NDArray[np.bool_] | None = None  # per shard: its samples in _global
+        self._values: list[int] = []  # per shard: its first value byte (dynamic shapes)
+        self._unready = 0
         self._kernel_tables: tuple[Any, ...] | None = None
         self._documents_table: DocumentTables | None = None
         self._samples: list[int] = []
@@ -382,7 +414,10 @@ class MDSFiles(PeerFiles):
 
     def _records(self) -> list[int]:
         """Tokens of every shard: from the layout alone with a fixed sample size,
-        else from every shard's offsets table (one read_into call)."""
+        else from every shard's offsets table (and with several variable-size
+        columns every sample's size prefix), each checked whole by
+        ``mds_sample_table``: O(samples) small reads, a few MiB at a time, and
+        no table kept (``prepare`` builds a shard's on its first read)."""
         layout = self._layout
         if layout.fixed_sample is not None:
             assert layout.shape is not None  # a fixed sample has a fixed token shape
@@ -394,18 +429,75 @@ class MDSFiles(PeerFiles):
                         f"{layout.fixed_sample} bytes", path=self.path(self._files[i]),
                         field="bytes")
             return [n * per for n in self._samples]
-        offsets = self._offsets_tables(range(len(self._files)))
-        prefixes = (self._prefix_tables(list(range(len(offsets))), offsets)
-                    if len(layout.variable) > 1 else None)
-        built = [self._build(i, table, None if prefixes is None else prefixes[i])
-                 for i, table in enumerate(offsets)]
-        records = [int(t.tokens[-1]) for t in built]
-        self._global = _global(built, self._bytes, records)
-        g = self._global
-        for i, t in enumerate(built):  # the tables share the global arrays
-            a, b = int(g.shard_samples[i]), int(g.shard_samples[i + 1])
-            self._tables[i] = _Table(t.tokens, g.values[a:b], g.begins[a:b], g.headers[a:b])
+        records, self._values = [], []
+        local = isinstance(self.storage, LocalStorage)  # a read each: one table at a time
+        for group in _groups(self._header_bytes, 0 if local else _TABLE_BYTES):
+            for s, offsets in zip(group, self._offsets_tables(group), strict=True):
+                total, first = self._sample_table(s, offsets)
+                records.append(total)
+                self._values.append(first)
+        counts = np.array(self._samples, np.int64)
+        starts = np.zeros(counts.shape[0] + 1, np.int64)
+        np.cumsum(counts, out=starts[1:])
+        firsts = np.zeros(counts.shape[0] + 1, np.int64)
+        np.cumsum(records, out=firsts[1:])
+        tokens = _pages((int(starts[-1]) + 1,))
+        tokens[-1] = firsts[-1]
+        self._global = _Global(tokens, _pages((int(starts[-1]), 2)), starts, firsts)
+        self._ready = counts == 0
+        self._unready = int(np.count_nonzero(counts))
         return records
+
+    def _sample_table(self, shard: int, offsets: npt.NDArray[np.uint32],
+                      tokens: npt.NDArray[np.int64] | None = None,
+                      samples: npt.NDArray[np.int64] | None = None) -> tuple[int, int]:
+        """Shard ``shard``'s tokens and first value byte from its checked
+        ``offsets`` (``mds_sample_table``, writing into ``tokens`` and
+        ``samples`` when given); ``FormatError`` naming the sample otherwise."""
+        layout = self._layout
+        mode = 1 if layout.raw else 0 if layout.shape is None else 2
+        per = int(np.prod(layout.shape)) if layout.shape is not None else 0
+        base = 0 if self._global is None else int(self._global.shard_tokens[shard])
+        if tokens is None or samples is None:  # count alone
+            tokens, samples = np.zeros(0, np.int64), np.zeros((0, 2), np.int64)
+        prefixes = np.zeros((0, max(len(layout.variable), 1)), np.int64)
+        for step in range(2 if len(layout.variable) > 1 else 1):
+            if step:  # the offsets are sound: each sample's size prefix is where they say
+                prefixes = self._prefix_table(shard, offsets)
+            total, first, code, j = mds_sample_table(
+                offsets, prefixes, self._sizes, self._variable, layout.position,
+                layout.dtype.itemsize, mode, per, base, tokens, samples)
+            if code != MDS_OK:
+                raise self._sample_error(shard, offsets, prefixes, code, j)
+        return total, first
+
+    def _sample_error(self, shard: int, offsets: npt.NDArray[np.uint32],
+                      prefixes: npt.NDArray[np.int64], code: int, j: int) -> FormatError:
+        """The error of ``mds_sample_table``'s ``code`` for sample ``j``."""
+        layout, path = self._layout, self.path(self._files[shard])
+        width = 4 * len(layout.variable)
+        length = int(offsets[j + 1]) - int(offsets[j])
+        if code == MDS_BACKWARDS:
+            return FormatError(f"sample offsets go backwards at sample {j}", path=path,
+                               field="offsets")
+        if code == MDS_SHORT:
+            return FormatError(f"sample {j} is shorter than its {width}-byte size prefix",
+                               path=path, field=f"samples[{j}]")
+        sizes = [int(size) for size in self._sizes]
+        if len(layout.variable) == 1:
+            sizes[layout.variable[0]] = length - width - sum(sizes)
+        else:
+            for v, c in enumerate(layout.variable):
+                sizes[c] = int(prefixes[j, v])
+        if code == MDS_SIZES:
+            return FormatError(f"sample {j} has {length} bytes, its size prefix and fixed "
+                               f"columns {width + sum(max(size, 0) for size in sizes)}",
+                               path=path, field=f"samples[{j}]")
+        what = ("not a whole number of {} tokens" if code == MDS_NOT_WHOLE
+                else "not a 1-D {} ndarray of at least one value").format(layout.dtype.name)
+        return FormatError(f"sample {j}'s {layout.column!r} has {sizes[layout.position]} "
+                           f"bytes: {what}", path=path,
+                           field=f"samples[{j}].{layout.column}")
 
     def _read(self, names: list[int], starts: list[int], counts: list[int],
               field: str) -> list[npt.NDArray[np.uint8]]:
@@ -424,14 +516,19 @@ class MDSFiles(PeerFiles):
                               path=self.path(self._files[names[short]]), field=field)
         return [buffer[dest[j]:dest[j + 1]] for j in range(len(counts))]
 
-    def _offsets_tables(self, shards: Any) -> list[npt.NDArray[np.int64]]:
-        """The checked sample offsets (``[n + 1]``) of ``shards``."""
-        chosen = list(shards)
-        raw = self._read(chosen, [0] * len(chosen), [self._header_bytes[s] for s in chosen],
-                         "offsets")
+    def _offsets_tables(self, shards: list[int]) -> list[npt.NDArray[np.uint32]]:
+        """The sample offsets (``<u4 [n + 1]``) of ``shards``, their count and ends
+        checked (the rest: ``mds_sample_table``): a ``pread`` each from local
+        files (not through their mappings: no page of a shard not read yet
+        joins the process), else one storage call."""
+        if isinstance(self.storage, LocalStorage):
+            raw = [_pread(self.path(self._files[s]), self._header_bytes[s]) for s in shards]
+        else:
+            raw = self._read(shards, [0] * len(shards), [self._header_bytes[s] for s in shards],
+                             "offsets")
         tables = []
-        for s, data in zip(chosen, raw, strict=True):
-            table = data.view("<u4").astype(np.int64)
+        for s, data in zip(shards, raw, strict=True):
+            table = data.view("<u4")
             n, path = self._samples[s], self.path(self._files[s])
             if int(table[0]) != n:
                 raise FormatError(f"index.json gives {n} samples, the shard {int(table[0])}",
@@ -442,89 +539,40 @@ class MDSFiles(PeerFiles):
                                   f"{self._header_bytes[s]} to the file size {self._bytes[s]}, "
                                   f"found {int(offsets[0])} to {int(offsets[-1])}",
                                   path=path, field="offsets")
-            bad = np.flatnonzero(offsets[1:] < offsets[:-1])
-            if bad.size:
-                raise FormatError(f"sample offsets go backwards at sample {int(bad[0])}",
-                                  path=path, field="offsets")
             tables.append(offsets)
         return tables
 
-    def _prefix_tables(self, chosen: list[int], offsets: list[npt.NDArray[np.int64]]
-                       ) -> list[npt.NDArray[np.int64]]:
-        """Every sample's column size prefix (``[n, variable columns]``) of the
-        shards ``chosen``, whose offsets tables are ``offsets``."""
+    def _prefix_table(self, shard: int, offsets: npt.NDArray[np.uint32]
+                      ) -> npt.NDArray[np.int64]:
+        """Every sample's column size prefix (``[n, variable columns]``) of
+        ``shard``, whose checked offsets table is ``offsets``: one read of
+        ``4 * variable`` bytes per sample."""
         width = 4 * len(self._layout.variable)
-        shards, starts = [], []
-        for s, table in zip(chosen, offsets, strict=True):
-            short = np.flatnonzero(table[1:] - table[:-1] < width)
-            if short.size:
-                raise FormatError(f"sample {int(short[0])} is shorter than its {width}-byte "
-                                  "size prefix", path=self.path(self._files[s]),
-                                  field=f"samples[{int(short[0])}]")
-            shards += [s] * (table.shape[0] - 1)
-            starts += table[:-1].tolist()
-        raw = self._read(shards, starts, [width] * len(starts), "samples")
-        tables, at = [], 0
-        for table in offsets:
-            n = table.shape[0] - 1
-            block = raw[at:at + n]
-            at += n
-            joined = np.concatenate(block) if block else np.empty(0, np.uint8)
-            tables.append(joined.view("<u4").astype(np.int64).reshape(n, width // 4))
-        return tables
+        n = offsets.shape[0] - 1
+        raw = self._read([shard] * n, offsets[:-1].tolist(), [width] * n, "samples")
+        joined = np.concatenate(raw) if raw else np.empty(0, np.uint8)
+        return joined.view("<u4").astype(np.int64).reshape(n, width // 4)
 
-    def _build(self, shard: int, offsets: npt.NDArray[np.int64],
-               prefixes: npt.NDArray[np.int64] | None) -> _Table:
-        """Shard ``shard``'s table from its sample offsets and (with several
-        variable-size columns) the size prefix of every sample."""
-        layout, path = self._layout, self.path(self._files[shard])
-        begins = offsets[:-1]
-        lengths = offsets[1:] - begins
-        n = begins.shape[0]
-        width = 4 * len(layout.variable)
-        fixed = sum(s or 0 for s in layout.sizes)
-        sizes = np.empty((n, len(layout.sizes)), np.int64)
-        for c, size in enumerate(layout.sizes):
-            if size is not None:
-                sizes[:, c] = size
-        if prefixes is not None:
-            sizes[:, list(layout.variable)] = prefixes
-        else:  # one variable-size column: the rest of the sample
-            sizes[:, layout.variable[0]] = lengths - width - fixed
-        wrong = np.flatnonzero((sizes < 0).any(axis=1) | (sizes.sum(axis=1) + width != lengths))
-        if wrong.size:
-            j = int(wrong[0])
-            raise FormatError(f"sample {j} has {int(lengths[j])} bytes, its size prefix and "
-                              f"fixed columns {width + int(sizes[j].clip(0).sum())}",
-                              path=path, field=f"samples[{j}]")
-        column = layout.position
-        before = begins + width + sizes[:, :column].sum(axis=1)
-        column_bytes = sizes[:, column]
-        itemsize = layout.dtype.itemsize
-        if layout.shape is not None:
-            count = np.full(n, int(np.prod(layout.shape)), np.int64)
-            headers = np.zeros(n, np.int64)
-        elif layout.raw:
-            count, headers = column_bytes // itemsize, np.zeros(n, np.int64)
-            wrong = np.flatnonzero(column_bytes % itemsize)
-            if wrong.size:
-                j = int(wrong[0])
-                raise FormatError(
-                    f"sample {j}'s {layout.column!r} has {int(column_bytes[j])} bytes: not a "
-                    f"whole number of {layout.dtype.name} tokens", path=path,
-                    field=f"samples[{j}].{layout.column}")
-        else:
-            count, headers = _one_dimensional(column_bytes, itemsize)
-            wrong = np.flatnonzero(count < 0)
-            if wrong.size:
-                j = int(wrong[0])
-                raise FormatError(
-                    f"sample {j}'s {layout.column!r} has {int(column_bytes[j])} bytes: not a 1-D "
-                    f"{layout.dtype.name} ndarray of at least one value",
-                    path=path, field=f"samples[{j}].{layout.column}")
-        tokens = np.zeros(n + 1, np.int64)
-        np.cumsum(count, out=tokens[1:])
-        return _Table(tokens, before + headers, begins.copy(), headers)
+    def prepare(self, shards: npt.NDArray[np.int64]) -> None:
+        """Build the sample tables of ``shards`` not built yet (their first
+        read), from their offsets tables read again: what the read kernels
+        then look up. A shard whose tokens changed since opening is a
+        ``FormatError``."""
+        ready, table = self._ready, self._global
+        if not self._unready or ready is None or table is None:
+            return
+        with self._lock:
+            wanted = [int(s) for s in dict.fromkeys(shards.tolist()) if not ready[s]]
+            for s, offsets in zip(wanted, self._offsets_tables(wanted) if wanted else [],
+                                  strict=True):
+                a, b = int(table.shard_samples[s]), int(table.shard_samples[s + 1])
+                total, _ = self._sample_table(s, offsets, table.tokens[a:b + 1],
+                                              table.samples[a:b])
+                if total != self.shards[s].records:
+                    raise FormatError("the shard changed since it was opened",
+                                      path=self.path(self._files[s]), field="samples")
+                ready[s] = True
+                self._unready -= 1
 
     def _fixed_table(self, shard: int) -> _Table:
         """A shard's table when every sample has the same size (no read)."""
@@ -534,21 +582,25 @@ class MDSFiles(PeerFiles):
         first = self._bytes[shard] - n * sample
         begins = first + sample * np.arange(n, dtype=np.int64)
         per = int(np.prod(layout.shape))
-        before = sum(s or 0 for s in layout.sizes[:layout.position])
-        return _Table(per * np.arange(n + 1, dtype=np.int64), begins + before, begins,
-                      np.zeros(n, np.int64))
+        return _Table(per * np.arange(n + 1, dtype=np.int64), 0, begins, begins + layout.before,
+                      self._bytes[shard], False)
 
     def table(self, shard: int) -> _Table:
-        """Shard ``shard``'s sample table (built on first use when derived from
-        the layout alone)."""
+        """Shard ``shard``'s sample table (built on first use)."""
         found = self._tables.get(shard)
-        if found is None:
-            with self._lock:
-                found = self._tables.get(shard)
-                if found is None:
-                    found = self._fixed_table(shard)
-                    self._tables[shard] = found
-        return found
+        if found is not None:
+            return found
+        table = self._global
+        if table is None:
+            found = self._fixed_table(shard)
+        else:
+            self.prepare(np.array([shard], np.int64))
+            a, b = int(table.shard_samples[shard]), int(table.shard_samples[shard + 1])
+            found = _Table(table.tokens[a:b + 1], int(table.shard_tokens[shard]),
+                           table.samples[a:b, 0], table.samples[a:b, 1], self._bytes[shard],
+                           not self._layout.raw and self._layout.shape is None)
+        with self._lock:
+            return self._tables.setdefault(shard, found)
 
     def _first_value(self, shard: int) -> int:
         """Byte where the shard's first token is (its base), or its header size
@@ -556,25 +608,29 @@ class MDSFiles(PeerFiles):
         if not self._samples[shard]:
             return self._header_bytes[shard]
         if self._layout.fixed_sample is not None:
-            before = sum(s or 0 for s in self._layout.sizes[:self._layout.position])
-            return self._bytes[shard] - self._samples[shard] * self._layout.fixed_sample + before
-        return int(self.table(shard).values[0])
+            return (self._bytes[shard] - self._samples[shard] * self._layout.fixed_sample
+                    + self._layout.before)
+        return self._values[shard]
 
     # -- reads ----------------------------------------------------------------
 
     def kernel_tables(self) -> tuple[Any, ...]:
         """What the MDS kernels take of the tables, as one tuple (built once):
         ``(first_len, entries, per, size, before, fixed_first, tokens, samples,
-        column_sizes, shard_samples, shard_tokens, variable, position)``.
+        column_sizes, shard_samples, shard_tokens, variable, position, header,
+        shard_bytes)``.
         ``first_len`` bytes are checked at each sample's start (its size
         prefix) or, with ``entries`` (no variable-size column), its two
         offsets-table entries. With ``per > 0`` every sample holds ``per``
         tokens in ``size`` bytes (``fixed_first``: each shard's first sample
         byte; ``before``: bytes before the values); else the global tables of
         ``_Global`` (``tokens`` ``[samples + 1]`` over all shards; ``samples``:
-        each sample's value, start, end and header bytes). ``column_sizes``:
-        each column's fixed size (0: variable); ``variable``: the columns with
-        a size prefix; ``position``: the token column's."""
+        each sample's start and first value bytes; a shard's entries are
+        read only once ``prepare`` built them, which opening its file
+        follows). ``column_sizes``: each column's fixed size (0: variable);
+        ``variable``: the columns with a size prefix; ``position``: the token
+        column's; ``header``: whether values follow a 1-D shape header;
+        ``shard_bytes``: each shard file's size."""
         found = self._kernel_tables
         if found is None:
             layout, table = self._layout, self._global
@@ -584,24 +640,26 @@ class MDSFiles(PeerFiles):
                 per, size, fixed_first = (int(np.prod(layout.shape or ())), layout.fixed_sample,
                                           self._fixed_first)
                 before, shards = layout.before, (none, none)
-                samples = (none, np.zeros((1, 4), np.int64))
+                samples = (none, np.zeros((1, 2), np.int64))
             else:
                 assert table is not None
                 per, size, fixed_first, before = 0, 0, none, 0
                 samples = (table.tokens, table.samples)
                 shards = (table.shard_samples, table.shard_tokens)
             found = (width if width else 8, not width, per, size, before, fixed_first, *samples,
-                     self._sizes, *shards, self._variable, layout.position)
+                     self._sizes, *shards, self._variable, layout.position,
+                     not layout.raw and layout.shape is None, np.array(self._bytes, np.int64))
             self._kernel_tables = found
         return found
 
     def document_tables(self) -> DocumentTables | None:
-        """With a dynamic shape, the samples' global token offsets (held by
-        these files) as one table for ``_kernels.plan_mapped_documents``: a
-        batch of documents planned in one call. None with a fixed shape
-        (offsets are arithmetic there: ``offsets_of``)."""
+        """With a dynamic shape, once every shard's samples are built, their
+        global token offsets (held by these files) as one table for
+        ``_kernels.plan_mapped_documents``: a batch of documents planned in one
+        call. None before (``offsets_of`` builds the shards a batch touches)
+        and with a fixed shape (offsets are arithmetic there)."""
         table = self._global
-        if table is None or self._documents_table is not None:
+        if table is None or self._unready or self._documents_table is not None:
             return self._documents_table
         tokens = table.tokens
         self._documents_table = DocumentTables(
@@ -609,6 +667,17 @@ class MDSFiles(PeerFiles):
             table.shard_tokens[:-1], np.array([tokens.ctypes.data], np.int64),
             np.array([tokens.shape[0]], np.int64), np.zeros(0, np.int64))
         return self._documents_table
+
+    def offsets_of(self, shards: npt.NDArray[np.int64], ids: npt.NDArray[np.int64]
+                   ) -> npt.NDArray[np.uint64]:
+        """``offsets`` of each ``(shards[i], ids[i])`` pair, in one gather from
+        the global table with a dynamic shape (the shards built first)."""
+        table = self._global
+        if table is None:
+            return super().offsets_of(shards, ids)
+        self.prepare(shards)
+        at = table.shard_samples[shards] + ids
+        return (table.tokens[at] - table.shard_tokens[shards]).astype(np.uint64)
 
     def direct_kernels(self) -> tuple[Any, Any, tuple[Any, ...]]:
         """``mds_read_windows`` and its document-column twin, which take
@@ -659,21 +728,13 @@ class MDSFiles(PeerFiles):
                               path=self.path(self._files[s]),
                               field=f"samples[{j}].{self._layout.column}")
 
-    def _end(self, shard: int, j: int) -> int:
-        table = self.table(shard)
-        return (int(table.begins[j + 1]) if j + 1 < table.begins.shape[0]
-                else self._bytes[shard])
-
     def sample_problem(self, shard: int, j: int, first: npt.NDArray[np.uint8],
                        header: npt.NDArray[np.uint8]) -> str | None:
         """What is wrong with sample ``j`` of ``shard``, given its size prefix
         (or, with no variable-size column, its two offsets-table entries) and
         its shape header bytes; None when it is what the table says."""
-        table, layout = self.table(shard), self._layout
-        begin, end = int(table.begins[j]), self._end(shard, j)
-        count = int(table.tokens[j + 1] - table.tokens[j])
-        head = int(table.headers[j])
-        value = int(table.values[j])
+        layout = self._layout
+        begin, end, value, head, count = self.table(shard).sample(j)
         width = 4 * len(layout.variable)
         if not width:
             got = first.view("<u4")
@@ -712,7 +773,8 @@ class MDSFiles(PeerFiles):
         per = self._per_sample()
         if per:
             return records // per
-        found = np.searchsorted(self.table(shard).tokens, records, side="right")
+        table = self.table(shard)
+        found = np.searchsorted(table.tokens, records + table.start, side="right")
         return found.astype(np.int64) - 1
 
     def offsets(self, shard: int, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.uint64]:
@@ -720,7 +782,8 @@ class MDSFiles(PeerFiles):
         per = self._per_sample()
         if per:
             return (ids * per).astype(np.uint64)
-        return self.table(shard).tokens[ids].astype(np.uint64)
+        table = self.table(shard)
+        return (table.tokens[ids] - table.start).astype(np.uint64)
 
     def _per_sample(self) -> int:
         """Tokens of every sample with a fixed layout, else 0."""
@@ -729,7 +792,7 @@ class MDSFiles(PeerFiles):
 
     def _documents(self, shard: int) -> tuple[str, str | None, np.ndarray | None]:
         try:
-            return "samples", None, self.table(shard).tokens.astype(np.uint64)
+            return "samples", None, self.table(shard).local().astype(np.uint64)
         except FormatError as error:
             return error.field or "samples", str(error), None
 
@@ -750,26 +813,27 @@ class MDSFiles(PeerFiles):
         name, layout = self._files[s], self._layout
         path = self.path(name)
         offsets = self._offsets_tables([s])[0]
+        table = self.table(s)
         if layout.fixed_sample is None:
-            prefixes = (self._prefix_tables([s], [offsets]) if len(layout.variable) > 1 else None)
-            table = self._build(s, offsets, None if prefixes is None else prefixes[0])
-            if not np.array_equal(table.tokens, self.table(s).tokens):
+            n = self._samples[s]
+            tokens, samples = np.empty(n + 1, np.int64), np.empty((n, 2), np.int64)
+            self._sample_table(s, offsets, tokens, samples)
+            if not (np.array_equal(tokens, table.tokens)
+                    and np.array_equal(samples[:, 0], table.begins)
+                    and np.array_equal(samples[:, 1], table.values)):
                 raise FormatError("the shard changed since it was opened", path=path,
                                   field="samples")
-        table = self.table(s)
         raw = np.frombuffer(read_at(self.storage, name, 0, self._bytes[s], path=path,
                                     field="bytes"), np.uint8)
         width = 4 * len(layout.variable)
         itemsize = layout.dtype.itemsize
         for j in range(self._samples[s]):
-            begin, value, head = (int(table.begins[j]), int(table.values[j]),
-                                  int(table.headers[j]))
+            begin, _, value, head, count = table.sample(j)
             first = raw[begin:begin + width] if width else raw[4 * (1 + j):4 * (3 + j)]
             message = self.sample_problem(s, j, first, raw[value - head:value])
             if message is not None:
                 raise FormatError(message, path=path, field=f"samples[{j}].{layout.column}")
             if layout.dtype.kind == "i":
-                count = int(table.tokens[j + 1] - table.tokens[j])
                 values = raw[value:value + count * itemsize].view(layout.dtype)
                 if values.size and int(values.min()) < 0:
                     raise FormatError(f"token id {int(values.min())} is negative; token ids "
@@ -785,36 +849,35 @@ class MDSFiles(PeerFiles):
                 ("token column", f"{layout.column} ({layout.dtype.name}, shape {shape})")]
 
 
-def _global(tables: list[_Table], sizes: list[int], records: list[int]) -> _Global:
-    """The shards' ``tables`` end to end (``sizes``: each shard file's bytes)."""
-    counts = [t.values.shape[0] for t in tables]
-    starts = np.concatenate([[0], np.cumsum(records)]).astype(np.int64)
-    tokens = np.concatenate([t.tokens[:-1] + starts[i] for i, t in enumerate(tables)]
-                            + [starts[-1:]])
-    ends = [np.append(t.begins[1:], size) if t.begins.size else t.begins
-            for t, size in zip(tables, sizes, strict=True)]
-    samples = np.empty((sum(counts), 4), np.int64)
-    for column, parts in enumerate(([t.values for t in tables], [t.begins for t in tables], ends,
-                                    [t.headers for t in tables])):
-        if parts:
-            np.concatenate(parts, out=samples[:, column])
-    return _Global(tokens.astype(np.int64), samples,
-                   np.concatenate([[0], np.cumsum(counts)]).astype(np.int64), starts)
+
+def _pread(path: str | Path, count: int) -> npt.NDArray[np.uint8]:
+    """The first ``count`` bytes of the local file ``path``; ``FormatError``
+    naming it when it is shorter."""
+    buffer = np.empty(count, np.uint8)
+    view, got, descriptor = byte_view(buffer), 0, os.open(path, os.O_RDONLY)
+    try:
+        while got < count:
+            step = os.preadv(descriptor, [view[got:]], got)
+            if step <= 0:
+                break
+            got += step
+    finally:
+        os.close(descriptor)
+    if got != count:
+        raise FormatError(f"file ends before byte {count}; truncated or not fully written?",
+                          path=path, field="offsets")
+    return buffer
 
 
-def _one_dimensional(size: npt.NDArray[np.int64], itemsize: int
-                     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """Per sample, the values and header bytes of a 1-D ndarray column of
-    ``size`` bytes: MDS writes the shape with the smallest unsigned type
-    holding it, so exactly one shape width fits (values -1 where none does)."""
-    count = np.full(size.shape[0], -1, np.int64)
-    headers = np.zeros(size.shape[0], np.int64)
-    for width in _SHAPE_BYTES:
-        rest = size - 1 - width
-        values = rest // itemsize
-        low = 0 if width == 1 else 1 << (8 * width // 2)
-        fits = ((rest >= itemsize) & (rest % itemsize == 0) & (values >= max(low, 1))
-                & (values < (1 << min(8 * width, 62))))
-        count = np.where(fits, values, count)
-        headers = np.where(fits, 1 + width, headers)
-    return count, headers
+def _groups(sizes: list[int], limit: int) -> list[list[int]]:
+    """The indices of ``sizes`` in runs of at most ``limit`` in all (at least
+    one each)."""
+    runs: list[list[int]] = []
+    total = limit
+    for i, size in enumerate(sizes):
+        if total + size > limit:
+            runs.append([])
+            total = 0
+        runs[-1].append(i)
+        total += size
+    return runs
