@@ -167,6 +167,7 @@ class Mixture:
         if not isinstance(sources, Mapping) or not sources:
             raise ValueError(f"sources must be a non-empty mapping of names to sources, "
                              f"got {type(sources).__name__}")
+        lengths: dict[str, int] = {}
         for name, source in sources.items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"sources: names must be non-empty strs, got {name!r}")
@@ -180,7 +181,8 @@ class Mixture:
                 raise ValueError(
                     f"sources[{name!r}] is {type(source).__name__}, read through its own plan "
                     f"(row ids are not 0..len-1): {hint}")
-            if len(source) < 1:
+            lengths[name] = observations = len(source)  # (not `length`: the argument)
+            if observations < 1:
                 raise ValueError(f"sources[{name!r}] has no observations")
         size = (DEFAULT_BLOCK_SIZE if block_size is None
                 else _int("block_size", block_size, high=MAX_BLOCK_SIZE))
@@ -192,7 +194,7 @@ class Mixture:
         _check_columns(sources)
         # fingerprints are taken on first use (_described): hashing each source's
         # manifest costs ~14 us a dataset, which the first batch does not need
-        records = {name: {"length": len(src), "fingerprint": None} for name, src in sources.items()}
+        records = {name: {"length": n, "fingerprint": None} for name, n in lengths.items()}
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an int, got {seed!r}")
         self._build(dict(sources), records, stages, int(seed), length, max_passes,
@@ -678,9 +680,11 @@ def _check_columns(sources: Mapping[str, Any]) -> None:
     attributes tell (``seq_len``, ``columns``); the batches are checked again
     when read."""
     first_name, first = next(iter(sources.items()))
+    expected = [(attribute, getattr(first, attribute, None)) for attribute in ("seq_len",
+                                                                                "columns")]
     for name, source in sources.items():
-        for attribute in ("seq_len", "columns"):
-            a, b = getattr(first, attribute, None), getattr(source, attribute, None)
+        for attribute, a in expected:
+            b = getattr(source, attribute, None)
             if a != b:
                 kind = {True: "windows", False: "documents"}
                 if attribute == "seq_len" and (a is None) != (b is None):
