@@ -336,11 +336,15 @@ def main() -> None:
                         help="only the first-batch comparison with Megatron's GPTDataset")
     parser.add_argument("--mds-only", action="store_true",
                         help="only MDS (against MDS's StreamingDataset) and the native baseline")
+    parser.add_argument("--formats", default=None,
+                        help="comma-separated formats (the native baseline is always added)")
     args = parser.parse_args()
     tokens = int(args.tokens)
     root = args.out or Path(tempfile.mkdtemp(prefix="zb-peers-"))
     formats = ["megatron"] if args.megatron_only else ["mds", "native"] if args.mds_only else [
         "megatron", "datatrove", "litdata", "hf", "mds", "native"]
+    if args.formats:
+        formats = [*dict.fromkeys([*args.formats.split(","), "native"])]
     paths = build(root / f"{tokens}", tokens, formats)
     print(f"tokens {tokens:,}, seq_len {SEQ}, batch {BATCH}; load {os.getloadavg()}")
     print("\nfirst batch (fresh process; imports excluded)")
