@@ -52,6 +52,7 @@ __all__ = ["FILE_MAGIC", "MAX_METADATA", "ListColumn", "RecordBatch", "read_batc
 FILE_MAGIC = b"ARROW1"
 CONTINUATION = 0xFFFFFFFF
 MAX_METADATA = 16 << 20  # bytes of one message's flatbuffer
+_AHEAD = 1024  # bytes read with a message's prefix: a record batch's header fits
 _MAX_DEPTH = 64  # nesting of fields in a schema
 SCHEMA, DICTIONARY_BATCH, RECORD_BATCH = 1, 2, 3
 _INT, _LIST, _LARGE_LIST, _UNION = 2, 12, 21, 14
@@ -90,6 +91,9 @@ class RecordBatch:
     null_values: int
 
 
+_STRUCTS: dict[str, struct.Struct] = {}  # format -> its Struct (~20 unpacks a record batch)
+
+
 class _Table:
     """A flatbuffer table at ``at`` of ``buf`` (bounds checked, errors naming
     ``path`` and ``field``)."""
@@ -106,10 +110,10 @@ class _Table:
         return FormatError(f"malformed Arrow metadata: {what}", path=self.path, field=self.field)
 
     def _unpack(self, fmt: str, at: int) -> tuple[int, ...]:
-        size = struct.calcsize(fmt)
-        if not 0 <= at <= len(self.buf) - size:
+        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
+        if not 0 <= at <= len(self.buf) - layout.size:
             raise self.error(f"offset {at} outside the {len(self.buf)}-byte message")
-        return struct.unpack_from(fmt, self.buf, at)
+        return layout.unpack_from(self.buf, at)
 
     def _slot(self, index: int) -> int:
         """The byte of field ``index`` in the table, or 0 when absent."""
@@ -171,10 +175,11 @@ def _messages(read: Read, size: int, path: str | Path
     head = read(0, 8)
     at = 8 if head[:6] == FILE_MAGIC else 0
     while at + 4 <= size:
-        prefix = read(at, 8)
-        first, = struct.unpack_from("<I", prefix.ljust(8, b"\0"), 0)
+        chunk = read(at, _AHEAD)  # the prefix and, mostly, the whole header: one read
+        prefix = chunk[:8].ljust(8, b"\0")
+        first, = struct.unpack_from("<I", prefix, 0)
         if first == CONTINUATION:
-            length, = struct.unpack_from("<i", prefix.ljust(8, b"\0"), 4)
+            length, = struct.unpack_from("<i", prefix, 4)
             start = at + 8
         else:
             length, start = struct.unpack_from("<i", prefix, 0)[0], at + 4
@@ -184,7 +189,9 @@ def _messages(read: Read, size: int, path: str | Path
             raise FormatError(f"a message of {length} metadata bytes at byte {at}, in a "
                               f"{size}-byte file; truncated or not fully written?",
                               path=path, field="message")
-        buf = read(start, length)
+        skip = start - at
+        buf = (chunk[skip:skip + length] if len(chunk) >= skip + length
+               else read(start, length))
         if len(buf) != length:
             raise FormatError(f"file ends inside the message at byte {at}", path=path,
                               field="message")

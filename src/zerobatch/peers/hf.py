@@ -96,6 +96,9 @@ def _arrow_files(location: Location) -> list[str]:
     return files
 
 
+_OFFSETS_AT_ONCE = 64 << 10  # a record batch's list offsets read whole up to this many bytes
+
+
 @contextlib.contextmanager
 def _local_headers(path: str | Path) -> Iterator[Callable[[int, int], bytes]]:
     """A reader of a local file's bytes by ``pread`` on a descriptor of its
@@ -182,8 +185,13 @@ class HFFiles(PeerFiles):
             if batch.null_values:
                 raise FormatError("expected no null tokens", path=path, field=field)
             kind = f"<i{width}"
-            ends = read(batch.offsets_at, width) + read(batch.offsets_at + batch.rows * width,
-                                                        width)
+            span = (batch.rows + 1) * width
+            if span <= _OFFSETS_AT_ONCE:  # both ends in one read
+                whole = read(batch.offsets_at, span)
+                ends = whole[:width] + whole[span - width:] if len(whole) == span else b""
+            else:
+                ends = read(batch.offsets_at, width) + read(batch.offsets_at + span - width,
+                                                            width)
             if len(ends) != 2 * width:
                 raise FormatError(f"file ends inside the list offsets at byte "
                                   f"{batch.offsets_at}; truncated or not fully written?",
