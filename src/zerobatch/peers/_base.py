@@ -19,10 +19,11 @@ returns it as an empty row, and windows read past it as if it were not there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,7 +46,8 @@ from zerobatch.stream.manifest import OFFSET_DTYPE, TOKENS, Manifest, Shard
 from zerobatch.stream.reader import Dataset, Documents, TokenWindows
 from zerobatch.stream.verify import Problem
 
-__all__ = ["Location", "PeerDataset", "PeerFiles", "PeerShard", "locate", "read_at"]
+__all__ = ["Location", "PeerDataset", "PeerFiles", "PeerShard", "local_reader", "locate",
+           "read_at"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,34 @@ def read_at(storage: Storage, name: str, offset: int, count: int, *, path: str |
         raise FormatError(f"file ends at byte {offset + got}, before byte {offset + count}; "
                           "truncated or not fully written?", path=path, field=field)
     return bytes(buffer)
+
+
+@contextlib.contextmanager
+def local_reader(path: str | Path) -> Iterator[Callable[[int, int], bytes]]:
+    """``read(offset, count)``: up to ``count`` bytes at ``offset`` of the local
+    file ``path`` (fewer only at its end), by ``pread`` on a descriptor of
+    its own. For headers read at opening: read through the file's mapping,
+    each would map its page cache into the process (large folios whole)."""
+    descriptor = os.open(path, os.O_RDONLY)
+
+    def read(offset: int, count: int) -> bytes:
+        if offset < 0 or count <= 0:
+            return b""
+        data = os.pread(descriptor, count, offset)
+        if len(data) == count or not data:  # (one pread returns at most ~2 GiB)
+            return data
+        parts = [data]
+        while (got := sum(map(len, parts))) < count:
+            part = os.pread(descriptor, count - got, offset + got)
+            if not part:
+                break
+            parts.append(part)
+        return b"".join(parts)
+
+    try:
+        yield read
+    finally:
+        os.close(descriptor)
 
 
 class PeerFiles(ABC):

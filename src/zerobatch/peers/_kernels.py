@@ -284,14 +284,9 @@ def mds_sample_table(
         elif mode == 2:
             count = np.int64(per)
         else:
-            count = np.int64(0)  # exactly one header width can fit (the smallest)
-            for head in (2, 3, 5, 9):
-                values = (column - head) >> shift
-                if (column - head >= itemsize and (column - head) & (itemsize - 1) == 0
-                        and mds_header(values) == head):
-                    count = values
-                    break
-            if count < 1:
+            head, low = _mds_head(column, itemsize)
+            count = (column - head) >> shift
+            if (column - head) & (itemsize - 1) or count < low:
                 return 0, -1, MDS_NOT_1D, j
         if write:
             tokens[j] = token_base + total
@@ -638,15 +633,12 @@ def mds_read_windows(
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
     tables = _unowned(mds)
     fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
-    # (parameters: the caller holds them; a local array's view could outlive it)
-    row_view, input_view, label_view = _view(row), _view(inputs), _view(labels)
     check, column_sizes, spans = _row_scratch(pieces, requests, row, tables)
     p = ahead = 0
     for b in range(indices.shape[0]):
         p, ahead, failed, status, inside = _read_cast_mds_row(
-            b, p, ahead, pieces, requests, spans, n, row_view, check, column_sizes, fd_table,
-            address_table, size_table, use_pread, seq_len, input_view, label_view, shift, bounds,
-            tables)
+            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fd_table,
+            address_table, size_table, use_pread, seq_len, inputs, labels, shift, bounds, tables)
         if failed >= 0:
             return -1, -1, failed, status, _DOCS_OK, 0, -1
         if not inside:
@@ -671,8 +663,6 @@ def mds_read_windows_segments(
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
     tables = _unowned(mds)
     fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
-    # (parameters: the caller holds them; a local array's view could outlive it)
-    row_view, input_view, label_view = _view(row), _view(inputs), _view(labels)
     firsts, code, shard = stream_kernels._first_documents(pieces, n, seq_len, docs)
     if code != _DOCS_OK:
         return -1, -1, -1, 1, code, shard, -1
@@ -682,9 +672,8 @@ def mds_read_windows_segments(
     for b in range(indices.shape[0]):
         first = p
         p, ahead, failed, status, inside = _read_cast_mds_row(
-            b, p, ahead, pieces, requests, spans, n, row_view, check, column_sizes, fd_table,
-            address_table, size_table, use_pread, seq_len, input_view, label_view, shift, bounds,
-            tables)
+            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fd_table,
+            address_table, size_table, use_pread, seq_len, inputs, labels, shift, bounds, tables)
         if failed >= 0:
             return -1, -1, failed, status, _DOCS_OK, 0, -1
         if not inside:

@@ -38,6 +38,7 @@ file and the field.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -91,7 +92,7 @@ class RecordBatch:
     null_values: int
 
 
-_STRUCTS: dict[str, struct.Struct] = {}  # format -> its Struct (~20 unpacks a record batch)
+_struct = functools.cache(struct.Struct)  # format -> its Struct (~20 unpacks a record batch)
 
 
 class _Table:
@@ -110,7 +111,7 @@ class _Table:
         return FormatError(f"malformed Arrow metadata: {what}", path=self.path, field=self.field)
 
     def _unpack(self, fmt: str, at: int) -> tuple[int, ...]:
-        layout = _STRUCTS.get(fmt) or _STRUCTS.setdefault(fmt, struct.Struct(fmt))
+        layout = _struct(fmt)
         if not 0 <= at <= len(self.buf) - layout.size:
             raise self.error(f"offset {at} outside the {len(self.buf)}-byte message")
         return layout.unpack_from(self.buf, at)

@@ -27,10 +27,7 @@ document (a document of the peer's: ids are row numbers).
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,7 +35,14 @@ import numpy.typing as npt
 
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
-from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
+from zerobatch.peers._base import (
+    Location,
+    PeerFiles,
+    PeerShard,
+    checked_offsets,
+    local_reader,
+    read_at,
+)
 from zerobatch.peers._index import DocumentTables, by_shard
 from zerobatch.peers._lookup import Column
 from zerobatch.peers.arrow_ipc import read_batches
@@ -99,24 +103,6 @@ def _arrow_files(location: Location) -> list[str]:
 _OFFSETS_AT_ONCE = 64 << 10  # a record batch's list offsets read whole up to this many bytes
 
 
-@contextlib.contextmanager
-def _local_headers(path: str | Path) -> Iterator[Callable[[int, int], bytes]]:
-    """A reader of a local file's bytes by ``pread`` on a descriptor of its
-    own: the header walk touches a few bytes every record batch (one a
-    thousand rows), and read through the file's mapping each would map its
-    page cache, large folios whole (at 10^9 tokens, 81 MiB and ~0.15 s of
-    faults in a fresh process)."""
-    descriptor = os.open(path, os.O_RDONLY)
-
-    def read(offset: int, count: int) -> bytes:
-        return os.pread(descriptor, count, offset) if offset >= 0 and count > 0 else b""
-
-    try:
-        yield read
-    finally:
-        os.close(descriptor)
-
-
 class HFFiles(PeerFiles):
     """The Arrow files of a ``save_to_disk`` folder (see the module docstring).
 
@@ -156,8 +142,8 @@ class HFFiles(PeerFiles):
         batch (its message prefix and header, its first and last list offset)."""
         path, storage = self.path(name), self.storage
         size = int(storage.size(name))
-        if isinstance(storage, LocalStorage):  # pread, not the mapping: see _local_headers
-            with _local_headers(path) as read:
+        if isinstance(storage, LocalStorage):  # pread, not the mapping: see local_reader
+            with local_reader(path) as read:
                 return self._add_batches(name, size, read, shards)
         handle = storage.open(name)
 

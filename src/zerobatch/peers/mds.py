@@ -50,7 +50,6 @@ dynamic shape are taken as 1-D: each piece read checks its sample header
 from __future__ import annotations
 
 import mmap
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,7 +60,7 @@ import numpy.typing as npt
 from zerobatch import _forksafe
 from zerobatch._json import load_json
 from zerobatch.errors import FormatError
-from zerobatch.peers._base import Location, PeerFiles, PeerShard, read_at
+from zerobatch.peers._base import Location, PeerFiles, PeerShard, local_reader, read_at
 from zerobatch.peers._index import DocumentTables
 from zerobatch.peers._kernels import (
     MDS_BACKWARDS,
@@ -78,7 +77,6 @@ from zerobatch.peers._kernels import (
     mds_sample_table,
 )
 from zerobatch.storage import LocalStorage
-from zerobatch.storage.protocol import byte_view
 from zerobatch.stream.verify import Problem
 
 __all__ = ["INDEX", "VALUE_DTYPES", "MDSFiles", "detect"]
@@ -522,10 +520,20 @@ class MDSFiles(PeerFiles):
         files (not through their mappings: no page of a shard not read yet
         joins the process), else one storage call."""
         if isinstance(self.storage, LocalStorage):
-            raw = [_pread(self.path(self._files[s]), self._header_bytes[s]) for s in shards]
-        else:
+            raw = []
+            for s in shards:
+                with local_reader(self.path(self._files[s])) as read:
+                    data = np.frombuffer(read(0, self._header_bytes[s]), np.uint8)
+                if data.size != self._header_bytes[s]:
+                    raise FormatError(f"file ends before byte {self._header_bytes[s]}; "
+                                      "truncated or not fully written?",
+                                      path=self.path(self._files[s]), field="offsets")
+                raw.append(data)
+        else:  # (read-only, as the local tables: one specialization of the kernel)
             raw = self._read(shards, [0] * len(shards), [self._header_bytes[s] for s in shards],
                              "offsets")
+            for data in raw:
+                data.setflags(write=False)
         tables = []
         for s, data in zip(shards, raw, strict=True):
             table = data.view("<u4")
@@ -848,25 +856,6 @@ class MDSFiles(PeerFiles):
                 ("samples", f"{sum(self._samples):,}"),
                 ("token column", f"{layout.column} ({layout.dtype.name}, shape {shape})")]
 
-
-
-def _pread(path: str | Path, count: int) -> npt.NDArray[np.uint8]:
-    """The first ``count`` bytes of the local file ``path``; ``FormatError``
-    naming it when it is shorter."""
-    buffer = np.empty(count, np.uint8)
-    view, got, descriptor = byte_view(buffer), 0, os.open(path, os.O_RDONLY)
-    try:
-        while got < count:
-            step = os.preadv(descriptor, [view[got:]], got)
-            if step <= 0:
-                break
-            got += step
-    finally:
-        os.close(descriptor)
-    if got != count:
-        raise FormatError(f"file ends before byte {count}; truncated or not fully written?",
-                          path=path, field="offsets")
-    return buffer
 
 
 def _groups(sizes: list[int], limit: int) -> list[list[int]]:
