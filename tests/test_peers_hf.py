@@ -3,6 +3,9 @@ own save_to_disk, compared with load_from_disk."""
 
 from __future__ import annotations
 
+import dataclasses
+from unittest import mock
+
 import datasets
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ from hypothesis import strategies as st
 from support._peers import check_against, check_each_once, upload
 
 from zerobatch import FormatError, open_dataset
-from zerobatch.peers import PeerDataset
+from zerobatch.peers import PeerDataset, arrow_ipc
 
 
 def _rows(rng, count, vocab):
@@ -141,6 +144,120 @@ def test_one_arrow_file_and_errors(saved, tmp_path):
     bad.write_bytes(b"\xff\xff\xff\xff" + b"\x7f" * 64)
     with pytest.raises(FormatError):
         open_dataset(bad)
+
+
+@pytest.fixture(scope="module")
+def batches_file(tmp_path_factory):
+    """The bytes of one Arrow file of six record batches (datasets writes
+    1,000 rows a batch: the last one shorter), varied row lengths."""
+    rng = np.random.default_rng(9)
+    root = tmp_path_factory.mktemp("hf-batches")
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
+    datasets.Dataset.from_dict({"input_ids": _rows(rng, 5500, 50_000)},
+                               features=features).save_to_disk(str(root), num_shards=1)
+    (arrow,) = root.glob("*.arrow")
+    return arrow.read_bytes()
+
+
+def _walk(data):
+    """read_batches over ``data``: (layout, every ListBatches column) or the
+    FormatError's (message, field)."""
+    def read(offset, count):
+        return data[offset:offset + count] if offset >= 0 else b""
+
+    try:
+        layout, found = arrow_ipc.read_batches(read, len(data), "input_ids", "f.arrow")
+    except FormatError as error:
+        return str(error), error.field
+    return layout, {f.name: getattr(found, f.name).tolist() for f in dataclasses.fields(found)}
+
+
+def test_walk_parses_the_first_record_batch_and_matches_the_rest(batches_file):
+    """The walk finds the buffers pyarrow finds in every record batch; it
+    parses the first batch's flatbuffer alone and reads the others by its
+    template, one read each (header and both end offsets)."""
+    import pyarrow as pa
+
+    reads, parsed = [], []
+    real = arrow_ipc._record_batch
+
+    def read(offset, count):
+        reads.append(offset)
+        return batches_file[offset:offset + count]
+
+    def record_batch(*args):
+        parsed.append(args[1])
+        return real(*args)
+
+    with mock.patch.object(arrow_ipc, "_record_batch", record_batch):
+        _, found = arrow_ipc.read_batches(read, len(batches_file), "input_ids", "f.arrow")
+    batches = pa.ipc.open_stream(batches_file).read_all().to_batches()
+    assert found.rows.tolist() == [b.num_rows for b in batches] and len(batches) == 6
+    for i, batch in enumerate(batches):
+        column = batch.column(0)
+        offsets = column.offsets.to_numpy()
+        assert (found.first[i], found.last[i]) == (offsets[0], offsets[-1])
+        values = np.frombuffer(batches_file, np.int32, int(offsets[-1] - offsets[0]),
+                               int(found.values_at[i]) + 4 * int(offsets[0]))
+        assert np.array_equal(values, column.values.to_numpy())
+    assert len(parsed) == 1
+    # the magic, the schema, the first batch and its offsets, five batches, the end
+    assert len(reads) == 1 + 1 + 2 + 5 + 1
+
+
+def _header_spans(data):
+    """(start, end) of every message's prefix and metadata: the continuation
+    markers (int32 tokens under 50,000 never hold four 0xFF bytes)."""
+    spans, at = [], data.find(b"\xff\xff\xff\xff")
+    while at >= 0:
+        length = int(np.frombuffer(data, "<i4", 1, at + 4)[0])
+        if length > 0:
+            spans.append((at, at + 8 + length))
+        at = data.find(b"\xff\xff\xff\xff", at + 8 + max(length, 0))
+    return spans
+
+
+@settings(max_examples=300, deadline=None)
+@given(edits=st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 255)), min_size=1,
+                      max_size=3))
+def test_template_walk_equals_a_parse_of_every_message(batches_file, edits):
+    """Bytes of the record batches' headers changed at random (the first one's
+    too: the template's): the walk by the first batch's template gives
+    exactly what parsing every message's flatbuffer gives, the same columns
+    or the same FormatError."""
+    spans = _header_spans(batches_file)[1:]  # after the schema
+    assert len(spans) == 6
+    mutated = bytearray(batches_file)
+    total = sum(end - start for start, end in spans)
+    for where, value in edits:
+        k = where % total
+        for start, end in spans:
+            if k < end - start:
+                mutated[start + k] = value
+                break
+            k -= end - start
+    data = bytes(mutated)
+    walked = _walk(data)
+    with mock.patch.object(arrow_ipc._Template, "match", lambda self, chunk: None):
+        assert walked == _walk(data)
+
+
+def test_a_first_batch_whose_numbers_overlap_is_parsed_each_time(batches_file):
+    """A crafted first record batch whose nodes vector lies on its buffers
+    vector (the fuzzer's case: one number read twice) makes no template:
+    the walk gives what the parse gives, never an error of its own."""
+    import struct
+
+    start, end = _header_spans(batches_file)[1]
+    metadata = batches_file[start + 8:end]
+    message = arrow_ipc._Table(metadata, struct.unpack_from("<I", metadata)[0], "f", "message")
+    header = message.table(2, "header")
+    nodes_slot, (buffers_at, _) = header.slot(1), header.vector(2)
+    mutated = bytearray(batches_file)  # the nodes' offset: to the buffers' count
+    struct.pack_into("<I", mutated, start + 8 + nodes_slot, buffers_at - 4 - nodes_slot)
+    walked = _walk(bytes(mutated))
+    with mock.patch.object(arrow_ipc._Template, "match", lambda self, chunk: None):
+        assert walked == _walk(bytes(mutated))
 
 
 @pytest.mark.parametrize(("name", "column"), [("i32", "input_ids"), ("i64", "ids")])

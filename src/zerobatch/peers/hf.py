@@ -17,11 +17,13 @@ schema has the column with an integer list type; no buffer is compressed;
 each batch's offsets and values buffers lie inside the file; the list holds
 no null values. Opening walks the stream's message headers (``arrow_ipc``:
 no pyarrow; O(record batches), about one per 1,000 rows as ``datasets``
-writes them; no token is read), one small read per message and two offsets
-per record batch, in turn (each message's place comes from the one before
-it), the same on local files and on object storage (``s3://``, ``gs://``,
-``az://``); the whole offsets are checked (non-decreasing) once, on the
-first read that needs them, and by ``verify``. A null row reads as an empty
+writes them; no token is read), one small read per message with its two end
+offsets where they lie close, in turn (each message's place comes from the
+one before it; a batch whose header bytes equal the first's but for its
+numbers is read by one ``struct``, without a flatbuffer parse), the same on
+local files and on object storage (``s3://``, ``gs://``, ``az://``); the
+whole offsets are checked (non-decreasing) once, on the first read that
+needs them, and by ``verify``. A null row reads as an empty
 document (a document of the peer's: ids are row numbers).
 """
 
@@ -100,9 +102,6 @@ def _arrow_files(location: Location) -> list[str]:
     return files
 
 
-_OFFSETS_AT_ONCE = 64 << 10  # a record batch's list offsets read whole up to this many bytes
-
-
 class HFFiles(PeerFiles):
     """The Arrow files of a ``save_to_disk`` folder (see the module docstring).
 
@@ -138,8 +137,9 @@ class HFFiles(PeerFiles):
         """Append ``name``'s record batches to ``shards``; its token dtype. By
         reads of the message headers (``arrow_ipc``; local files by ``pread``,
         others through the storage): no pyarrow (its import alone cost a
-        fresh process 40-60 ms and ~25 MiB); four small reads per record
-        batch (its message prefix and header, its first and last list offset)."""
+        fresh process 40-60 ms and ~25 MiB); one small read per record batch
+        where its list offsets lie within 64 KiB of its header (its message
+        prefix, header and first and last list offset), else two or three."""
         path, storage = self.path(name), self.storage
         size = int(storage.size(name))
         if isinstance(storage, LocalStorage):  # pread, not the mapping: see local_reader
@@ -159,39 +159,28 @@ class HFFiles(PeerFiles):
         """``_walk``'s record batches of ``name`` (``size`` bytes), read by ``read``."""
         path = self.path(name)
         layout, batches = read_batches(read, size, self._column, path)
-        width, dtype = layout.width, layout.dtype
-        for i, batch in enumerate(batches):
-            field = f"{self._column}[batch {i}]"
-            if batch.rows == 0:
-                continue
-            if batch.rows < 0 or batch.offsets_bytes < (batch.rows + 1) * width:
-                raise FormatError(f"{batch.rows} rows need {(batch.rows + 1) * width} bytes of "
-                                  f"offsets, the buffer has {batch.offsets_bytes}", path=path,
-                                  field=field)
-            if batch.null_values:
-                raise FormatError("expected no null tokens", path=path, field=field)
-            kind = f"<i{width}"
-            span = (batch.rows + 1) * width
-            if span <= _OFFSETS_AT_ONCE:  # both ends in one read
-                whole = read(batch.offsets_at, span)
-                ends = whole[:width] + whole[span - width:] if len(whole) == span else b""
-            else:
-                ends = read(batch.offsets_at, width) + read(batch.offsets_at + span - width,
-                                                            width)
-            if len(ends) != 2 * width:
-                raise FormatError(f"file ends inside the list offsets at byte "
-                                  f"{batch.offsets_at}; truncated or not fully written?",
-                                  path=path, field=field)
-            first, last = np.frombuffer(ends, kind)
-            tokens = int(last) - int(first)
-            if first < 0 or tokens < 0 or (int(first) + tokens) * dtype.itemsize > \
-                    batch.values_bytes:
-                raise FormatError(f"offsets {first} to {last} do not lie in the values buffer",
-                                  path=path, field=field)
-            start = batch.values_at + int(first) * dtype.itemsize
-            shards.append(PeerShard(name, start, tokens, batch.rows, name))
-            self._offsets.append((batch.offsets_at, batch.rows, np.dtype(kind)))
-            self._firsts.append(int(first))
+        dtype, kind = layout.dtype, np.dtype(f"<i{layout.width}")
+        kept = np.flatnonzero(batches.rows)
+        first, last = batches.first[kept], batches.last[kept]
+        bad = np.flatnonzero(batches.null_values[kept] != 0)
+        if bad.size:
+            raise FormatError("expected no null tokens", path=path,
+                              field=f"{self._column}[batch {int(kept[bad[0]])}]")
+        tokens = last - first
+        bad = np.flatnonzero((first < 0) | (tokens < 0) |
+                             (last > batches.values_bytes[kept] // dtype.itemsize))
+        if bad.size:
+            i = int(bad[0])
+            raise FormatError(f"offsets {int(first[i])} to {int(last[i])} do not lie in the "
+                              "values buffer", path=path,
+                              field=f"{self._column}[batch {int(kept[i])}]")
+        starts = batches.values_at[kept] + first * dtype.itemsize
+        rows = batches.rows[kept].tolist()
+        shards.extend(PeerShard(name, start, count, records, name) for start, count, records
+                      in zip(starts.tolist(), tokens.tolist(), rows, strict=True))
+        self._offsets.extend((at, records, kind) for at, records
+                             in zip(batches.offsets_at[kept].tolist(), rows, strict=True))
+        self._firsts.extend(first.tolist())
         return dtype
 
     def _list_offsets(self, shard: int) -> Column:
