@@ -15,7 +15,9 @@ environment, tests/support/mds_env.py, built once), and zerobatch's own
    through ``/proc/self/clear_refs`` first; for zerobatch also the part of
    it that is file pages mapped by the reads, ``RssFile``: page cache the
    kernel maps a folio at a time, up to 2 MiB per window touched on recent
-   kernels, shared and reclaimable, not memory the reader allocated). zerobatch:
+   kernels, shared and reclaimable, not memory the reader allocated; the run
+   first prints what this kernel maps per 4 KiB page first touched in a
+   warm file, the unit of that part). zerobatch:
    ``open_dataset`` + ``Loader`` over ``windows(2048, document_masking=True)``
    (positions and ``cu_seqlens``: document offsets looked up) + ``next``, in
    a process started after one that ran the same (which compiles what the
@@ -327,6 +329,33 @@ def run(code: str, path: Path) -> dict[str, float]:
     return json.loads(lines[-1])
 
 
+def _mapped_per_touch(folder: Path, random: bool = False, touches: int = 8) -> float:
+    """Bytes of file pages (``RssFile``) a process gains per 4 KiB page it
+    first reads through a mapping of the largest file under ``folder`` (in
+    the page cache: read whole first): what any mapped reader pays per
+    window on this kernel, whoever wrote or read the file before."""
+    import mmap
+
+    def mapped() -> int:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) << 10 for line in status
+                        if line.startswith("RssFile:"))
+
+    path = max((f for f in folder.iterdir() if f.is_file()), key=lambda f: f.stat().st_size)
+    warm(folder)
+    with open(path, "rb") as handle:
+        size = os.fstat(handle.fileno()).st_size
+        view = mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ)
+        if random:
+            view.madvise(mmap.MADV_RANDOM)
+        before = mapped()
+        for at in np.random.default_rng(7).integers(0, size - 4096, touches).tolist():
+            view[at:at + 4096]
+        added = mapped() - before
+        view.close()
+    return added / touches
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=float, default=1e8)
@@ -347,6 +376,10 @@ def main() -> None:
         formats = [*dict.fromkeys([*args.formats.split(","), "native"])]
     paths = build(root / f"{tokens}", tokens, formats)
     print(f"tokens {tokens:,}, seq_len {SEQ}, batch {BATCH}; load {os.getloadavg()}")
+    touch = _mapped_per_touch(paths["native"])
+    print(f"page cache this kernel maps a process per 4 KiB first touched in a warm file: "
+          f"{touch / 2**20:.2f} MiB (large folios, mapped whole; madvise(MADV_RANDOM) "
+          f"{_mapped_per_touch(paths['native'], random=True) / 2**20:.2f} MiB)")
     print("\nfirst batch (fresh process; imports excluded)")
     print("zerobatch: cold = a fresh process (its Numba kernels load from the cache); "
           "warm = opening again in that process")
