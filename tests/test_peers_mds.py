@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -436,6 +437,54 @@ def test_opening_keeps_no_sample_table(mds, tmp_path):
             ds.documents().read([document])
         assert path.name in str(caught.value)
 
+
+
+def _strict_overcommit():
+    try:
+        return Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "2"
+    except OSError:
+        return False
+
+
+def test_sample_tables_larger_than_memory_map_without_reserving_it():
+    """The sample tables are address space reserving no swap: 48 GiB of them
+    (2.1 billion samples, more than this machine's memory and swap, which
+    Linux's default overcommit refuses for one mapping that reserves) map,
+    and only the pages written become memory."""
+    from zerobatch.peers import mds as mds_module
+
+    count = 2 << 30  # samples: 48 GiB of tables
+    if _strict_overcommit():  # the system's own limit: refused, clearly
+        with pytest.raises(MemoryError, match="overcommit"):
+            mds_module._pages(count, "corpus/index.json")
+        return
+    tokens, samples = mds_module._pages(count, "corpus/index.json")
+    tokens[-1], samples[-1, 1] = 7, 9
+    assert tokens.shape == (count + 1,) and samples.shape == (count, 2)
+    assert (int(tokens[-1]), int(samples[-1, 1]), int(tokens[0])) == (7, 9, 0)
+    assert samples.flags.c_contiguous and tokens.flags.c_contiguous
+
+
+def test_refused_tables_name_the_corpus(mds, monkeypatch):
+    """Where the system refuses the tables' address space, opening raises
+    MemoryError naming the index, the samples and what to change."""
+    import errno
+    import mmap
+
+    from zerobatch.peers import mds as mds_module
+
+    real = mmap.mmap
+
+    def refuse(fileno, *args, **kwargs):  # anonymous pages only: files still map
+        if fileno == -1:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real(fileno, *args, **kwargs)
+
+    folder, samples = mds["plain"]
+    monkeypatch.setattr(mds_module.mmap, "mmap", refuse)
+    with pytest.raises(MemoryError, match=rf"{len(samples):,} MDS samples.*overcommit") as caught:
+        open_dataset(folder)
+    assert "index.json" in str(caught.value)
 
 @settings(max_examples=200, deadline=None)
 @given(itemsize=st.sampled_from([1, 2, 4, 8]), data=st.data())

@@ -50,6 +50,8 @@ dynamic shape are taken as 1-D: each piece read checks its sample header
 from __future__ import annotations
 
 import mmap
+import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -193,12 +195,32 @@ class _Global:
     shard_tokens: npt.NDArray[np.int64]
 
 
-def _pages(shape: tuple[int, ...]) -> npt.NDArray[np.int64]:
-    """An ``int64`` array of ``shape`` in private anonymous pages (a forked
-    child's writes stay its own), untouched."""
-    count = int(np.prod(shape))
-    pages = mmap.mmap(-1, max(8 * count, 1), flags=mmap.MAP_PRIVATE)
-    return np.frombuffer(pages, np.int64, count).reshape(shape)
+_NORESERVE: int = getattr(mmap, "MAP_NORESERVE", (  # Python 3.13+; Linux's value before
+    0x4000 if sys.platform == "linux" and platform.machine() in
+    ("x86_64", "i686", "aarch64", "arm64", "armv7l", "riscv64", "s390x") else 0))
+
+
+def _pages(samples: int, path: str | Path) -> tuple[npt.NDArray[np.int64],
+                                                   npt.NDArray[np.int64]]:
+    """The global sample tables of ``samples`` samples, ``tokens`` ``[samples
+    + 1]`` and ``samples`` ``[samples, 2]`` (``int64``), in one mapping of
+    private anonymous pages (a forked child's writes stay its own),
+    untouched, reserving no swap (``MAP_NORESERVE``): only the shards read
+    are ever written, and a corpus of 1.2 billion samples asks 29 GB of
+    address space, which Linux's default overcommit refuses whole beyond
+    memory and swap. MemoryError naming ``path`` when the system refuses
+    anyway (strict overcommit, ``vm.overcommit_memory=2``)."""
+    size = 8 * (3 * samples + 1)
+    try:
+        pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | _NORESERVE)
+    except OSError as error:
+        raise MemoryError(
+            f"{path}: the sample tables of {samples:,} MDS samples need {size / 2**30:.1f} GiB "
+            f"of address space (24 bytes a sample, written only for the shards read), and "
+            f"the system refused it ({error.strerror}); with strict overcommit "
+            f"(vm.overcommit_memory=2) raise vm.overcommit_ratio or open fewer shards") from None
+    whole = np.frombuffer(pages, np.int64, 3 * samples + 1)
+    return whole[:samples + 1], whole[samples + 1:].reshape(samples, 2)
 
 
 class MDSFiles(PeerFiles):
@@ -439,9 +461,9 @@ class MDSFiles(PeerFiles):
         np.cumsum(counts, out=starts[1:])
         firsts = np.zeros(counts.shape[0] + 1, np.int64)
         np.cumsum(records, out=firsts[1:])
-        tokens = _pages((int(starts[-1]) + 1,))
+        tokens, samples = _pages(int(starts[-1]), self._where)
         tokens[-1] = firsts[-1]
-        self._global = _Global(tokens, _pages((int(starts[-1]), 2)), starts, firsts)
+        self._global = _Global(tokens, samples, starts, firsts)
         self._ready = counts == 0
         self._unready = int(np.count_nonzero(counts))
         return records
