@@ -40,6 +40,10 @@ DATASETS = {
     # a fixed shape, every column fixed: no table read at opening
     "fixed": ({"input_ids": "ndarray:uint32:16", "k": "uint8"}, 700, "input_ids", "<u4",
               [16] * 30),
+    # shards of hundreds of samples, many of one token: the searches' two levels
+    # (every COARSE-th sample, then the samples between), shard ends off the grid
+    "many": ({"tokens": "ndarray:uint16"}, 9000, "tokens", "<u2",
+             np.random.default_rng(5).integers(-6, 30, 900).clip(1).tolist()),
 }
 
 
@@ -89,7 +93,7 @@ def mds(tmp_path_factory):
     return found
 
 
-@pytest.mark.parametrize("name", ["plain", "mixed", "fixed", "bytes"])
+@pytest.mark.parametrize("name", ["plain", "mixed", "fixed", "bytes", "many"])
 def test_windows_and_documents_equal_mds_reader(mds, name):
     folder, samples = mds[name]
     _, _, _, dtype, lengths = DATASETS[name]
@@ -100,6 +104,9 @@ def test_windows_and_documents_equal_mds_reader(mds, name):
         assert ds.files.dtype == np.dtype(dtype) and len(ds.files.shards) > 1
         if name == "plain":
             assert ds.files.shards[0].documents == 0  # an empty shard, as MDSWriter wrote it
+        if name == "many":  # each shard's search has both levels
+            from zerobatch.peers._kernels import COARSE
+            assert min(s.documents for s in ds.files.shards[:-1]) > 4 * COARSE
         assert ds.verify() == []
         check_against(ds, np.concatenate(samples), samples)
         check_each_once(ds)
@@ -308,7 +315,7 @@ def test_direct_document_columns_equal_mds_samples(mds, seq_len, stride, data):
     """The direct kernel's document columns (after the lookups) equal the
     lookups' and what MDS's samples give, on shards read by ``pread`` (small)
     and mapped (``wide``), dynamic and fixed shapes."""
-    name = data.draw(st.sampled_from(["plain", "mixed", "fixed", "wide", "bytes"]))
+    name = data.draw(st.sampled_from(["plain", "mixed", "fixed", "wide", "bytes", "many"]))
     folder, samples = mds[name]
     tokens = np.concatenate(samples).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum([len(d) for d in samples])])
@@ -458,11 +465,12 @@ def test_sample_tables_larger_than_memory_map_without_reserving_it():
         with pytest.raises(MemoryError, match="overcommit"):
             mds_module._pages(count, "corpus/index.json")
         return
-    tokens, samples = mds_module._pages(count, "corpus/index.json")
-    tokens[-1], samples[-1, 1] = 7, 9
+    tokens, samples, coarse = mds_module._pages(count, "corpus/index.json")
+    tokens[-1], samples[-1, 1], coarse[-1] = 7, 9, 11
     assert tokens.shape == (count + 1,) and samples.shape == (count, 2)
-    assert (int(tokens[-1]), int(samples[-1, 1]), int(tokens[0])) == (7, 9, 0)
-    assert samples.flags.c_contiguous and tokens.flags.c_contiguous
+    assert coarse.shape == (count // mds_module.COARSE + 1,)
+    assert (int(tokens[-1]), int(samples[-1, 1]), int(coarse[-1]), int(tokens[0])) == (7, 9, 11, 0)
+    assert all(a.flags.c_contiguous for a in (tokens, samples, coarse))
 
 
 def test_refused_tables_name_the_corpus(mds, monkeypatch):

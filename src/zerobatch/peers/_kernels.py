@@ -300,6 +300,11 @@ def mds_sample_table(
     return int(total), int(first), MDS_OK, 0
 
 
+COARSE = 32
+"""Samples per entry of the MDS tables' first search level (``coarse``): 8
+bytes a 32 samples (a million samples' level is 250 KB, which stays in the
+CPU's caches), then a search within 32 entries (four cache lines)."""
+
 BAD_SAMPLE = -4
 """The ``read_request``-style status of the MDS read kernels for a sample
 whose header disagrees with its table (the scattered read names it)."""
@@ -320,7 +325,7 @@ def _unowned(mds: tuple) -> tuple:
     of a tuple of owned arrays counts a reference to each."""
     return (mds[0], mds[1], mds[2], mds[3], mds[4], _view(mds[5]), _view(mds[6]),
             _view(mds[7]), _view(mds[8]), _view(mds[9]), _view(mds[10]), _view(mds[11]),
-            mds[12], mds[13], _view(mds[14]))
+            mds[12], mds[13], _view(mds[14]), _view(mds[15]))
 
 
 @njit(nogil=True, cache=True)
@@ -330,17 +335,22 @@ def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: 
     byte offset, bytes and destination), the samples ``[lo, hi)``
     (``spans[:, p]``; global with a dynamic shape, else of the shard) holding
     its records (``mds``: ``MDSFiles.kernel_tables``). With a dynamic shape
-    the binary searches of all requests (each over its shard's samples)
-    advance together, one level per pass, so their cache misses overlap (a
-    large corpus's tables do not fit the CPU caches); then a walk over the
-    samples each request covers."""
+    each request's sample is found in two levels: among every ``COARSE``-th
+    sample of its shard (``coarse``: in the CPU's caches), then among the
+    ``COARSE`` samples that leaves (a few cache lines of a large corpus's
+    tables, which do not fit the caches); at each level the binary searches
+    of all requests advance together, one step per pass, so their cache
+    misses overlap. Then a walk over the samples each request covers."""
     count = shards.shape[0]
     spans = np.zeros((2, count), np.int64)
     per, tokens, shard_samples, shard_tokens = mds[2], mds[6], mds[9], mds[10]
     at = np.empty(count, np.int64)
     high = np.zeros(count, np.int64)
+    lows = np.empty(count, np.int64)  # the coarse level: (lows, highs) exclusive of both
+    highs = np.empty(count, np.int64)
     for p in range(count):
         first, length = requests[1, p] // itemsize, requests[2, p] // itemsize
+        lows[p] = highs[p] = 0
         if length <= 0:
             continue
         if per > 0:
@@ -349,20 +359,17 @@ def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: 
             at[p] = shard_tokens[shards[p]] + first
             spans[0, p] = shard_samples[shards[p]]
             high[p] = shard_samples[shards[p] + 1]
+            # coarse entries c with c * COARSE in [lo, high): the last with a value <= at
+            lows[p] = (spans[0, p] + COARSE - 1) // COARSE - 1
+            highs[p] = (high[p] - 1) // COARSE + 1
     if per > 0:
         return spans
-    searching = True
-    while searching:
-        searching = False
-        for p in range(count):
-            lo, hi = spans[0, p], high[p]
-            if hi - lo > 1:
-                middle = (lo + hi) // 2
-                if tokens[middle] <= at[p]:
-                    spans[0, p] = middle
-                else:
-                    high[p] = middle
-                searching = True
+    _search(mds[15], at, lows, highs)
+    for p in range(count):
+        if highs[p] - lows[p] > 0:  # the samples between coarse entries lows[p] and + 1
+            spans[0, p] = max(spans[0, p], lows[p] * COARSE)
+            high[p] = min(high[p], (lows[p] + 1) * COARSE)
+    _search(tokens, at, spans[0], high)
     for p in range(count):
         if requests[2, p] // itemsize <= 0:  # no records
             continue
@@ -373,6 +380,27 @@ def _sample_spans(shards: np.ndarray, requests: np.ndarray, itemsize: int, mds: 
             hi += 1
         spans[1, p] = hi
     return spans
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _search(table: np.ndarray, at: np.ndarray, lows: np.ndarray, highs: np.ndarray) -> None:
+    """For every ``p``, the last index in ``[lows[p], highs[p])`` whose
+    ``table`` value is at most ``at[p]``, into ``lows[p]`` (``table[lows[p]]``
+    is never read: taken to be at most ``at[p]``, as ``table[highs[p]]``
+    above it): binary searches advancing together, one step a pass, so
+    that their cache misses overlap; ``highs[p]`` ends one past it."""
+    searching = True
+    while searching:
+        searching = False
+        for p in range(at.shape[0]):
+            lo, hi = lows[p], highs[p]
+            if hi - lo > 1:
+                middle = (lo + hi) // 2
+                if table[middle] <= at[p]:
+                    lows[p] = middle
+                else:
+                    highs[p] = middle
+                searching = True
 
 
 @njit(nogil=True, cache=True, inline="always")

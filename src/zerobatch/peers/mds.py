@@ -65,6 +65,7 @@ from zerobatch.errors import FormatError
 from zerobatch.peers._base import Location, PeerFiles, PeerShard, local_reader, read_at
 from zerobatch.peers._index import DocumentTables
 from zerobatch.peers._kernels import (
+    COARSE,
     MDS_BACKWARDS,
     MDS_NOT_WHOLE,
     MDS_OK,
@@ -185,14 +186,18 @@ class _Global:
     time on its first read (``MDSFiles.prepare``): the global token offsets
     (``[samples + 1]``), per sample its start and first value bytes
     (``[samples, 2]``: a sample's two on one cache line for the read
-    kernels), and per shard its first sample and first token. Anonymous
-    pages of their own (not NumPy's, which asks for huge pages): a shard not
-    read yet costs no memory."""
+    kernels), and per shard its first sample and first token; ``coarse``:
+    every ``COARSE``-th entry of ``tokens`` (``coarse[c] = tokens[c *
+    COARSE]``), the first level of the read kernels' search, small enough to
+    stay in the CPU's caches where ``tokens`` does not. Anonymous pages of
+    their own (not NumPy's, which asks for huge pages): a shard not read yet
+    costs no memory."""
 
     tokens: npt.NDArray[np.int64]
     samples: npt.NDArray[np.int64]
     shard_samples: npt.NDArray[np.int64]
     shard_tokens: npt.NDArray[np.int64]
+    coarse: npt.NDArray[np.int64]
 
 
 _NORESERVE: int = getattr(mmap, "MAP_NORESERVE", (  # Python 3.13+; Linux's value before
@@ -200,17 +205,18 @@ _NORESERVE: int = getattr(mmap, "MAP_NORESERVE", (  # Python 3.13+; Linux's valu
     ("x86_64", "i686", "aarch64", "arm64", "armv7l", "riscv64", "s390x") else 0))
 
 
-def _pages(samples: int, path: str | Path) -> tuple[npt.NDArray[np.int64],
-                                                   npt.NDArray[np.int64]]:
-    """The global sample tables of ``samples`` samples, ``tokens`` ``[samples
-    + 1]`` and ``samples`` ``[samples, 2]`` (``int64``), in one mapping of
-    private anonymous pages (a forked child's writes stay its own),
-    untouched, reserving no swap (``MAP_NORESERVE``): only the shards read
-    are ever written, and a corpus of 1.2 billion samples asks 29 GB of
-    address space, which Linux's default overcommit refuses whole beyond
-    memory and swap. MemoryError naming ``path`` when the system refuses
-    anyway (strict overcommit, ``vm.overcommit_memory=2``)."""
-    size = 8 * (3 * samples + 1)
+def _pages(samples: int, path: str | Path) -> tuple[npt.NDArray[np.int64], ...]:
+    """The global sample tables of ``samples`` samples (``int64``): ``tokens``
+    ``[samples + 1]``, ``samples`` ``[samples, 2]`` and ``coarse``
+    ``[samples // COARSE + 1]``, in one mapping of private anonymous pages
+    (a forked child's writes stay its own), untouched, reserving no swap
+    (``MAP_NORESERVE``): only the shards read are ever written, and a corpus
+    of 1.2 billion samples asks 29 GB of address space, which Linux's
+    default overcommit refuses whole beyond memory and swap. MemoryError
+    naming ``path`` when the system refuses anyway (strict overcommit,
+    ``vm.overcommit_memory=2``)."""
+    sizes = (samples + 1, 2 * samples, samples // COARSE + 1)
+    size = 8 * sum(sizes)
     try:
         pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | _NORESERVE)
     except OSError as error:
@@ -219,8 +225,9 @@ def _pages(samples: int, path: str | Path) -> tuple[npt.NDArray[np.int64],
             f"of address space (24 bytes a sample, written only for the shards read), and "
             f"the system refused it ({error.strerror}); with strict overcommit "
             f"(vm.overcommit_memory=2) raise vm.overcommit_ratio or open fewer shards") from None
-    whole = np.frombuffer(pages, np.int64, 3 * samples + 1)
-    return whole[:samples + 1], whole[samples + 1:].reshape(samples, 2)
+    whole = np.frombuffer(pages, np.int64, sum(sizes))
+    tokens, rest = whole[:sizes[0]], whole[sizes[0]:]
+    return tokens, rest[:sizes[1]].reshape(samples, 2), rest[sizes[1]:]
 
 
 class MDSFiles(PeerFiles):
@@ -461,9 +468,9 @@ class MDSFiles(PeerFiles):
         np.cumsum(counts, out=starts[1:])
         firsts = np.zeros(counts.shape[0] + 1, np.int64)
         np.cumsum(records, out=firsts[1:])
-        tokens, samples = _pages(int(starts[-1]), self._where)
+        tokens, samples, coarse = _pages(int(starts[-1]), self._where)
         tokens[-1] = firsts[-1]
-        self._global = _Global(tokens, samples, starts, firsts)
+        self._global = _Global(tokens, samples, starts, firsts, coarse)
         self._ready = counts == 0
         self._unready = int(np.count_nonzero(counts))
         return records
@@ -601,6 +608,8 @@ class MDSFiles(PeerFiles):
                 if total != self.shards[s].records:
                     raise FormatError("the shard changed since it was opened",
                                       path=self.path(self._files[s]), field="samples")
+                first, last = -(-a // COARSE), b // COARSE + 1  # its entries' coarse ones
+                table.coarse[first:last] = table.tokens[first * COARSE:b + 1:COARSE]
                 ready[s] = True
                 self._unready -= 1
 
@@ -648,7 +657,7 @@ class MDSFiles(PeerFiles):
         """What the MDS kernels take of the tables, as one tuple (built once):
         ``(first_len, entries, per, size, before, fixed_first, tokens, samples,
         column_sizes, shard_samples, shard_tokens, variable, position, header,
-        shard_bytes)``.
+        shard_bytes, coarse)``.
         ``first_len`` bytes are checked at each sample's start (its size
         prefix) or, with ``entries`` (no variable-size column), its two
         offsets-table entries. With ``per > 0`` every sample holds ``per``
@@ -660,7 +669,7 @@ class MDSFiles(PeerFiles):
         follows). ``column_sizes``: each column's fixed size (0: variable);
         ``variable``: the columns with a size prefix; ``position``: the token
         column's; ``header``: whether values follow a 1-D shape header;
-        ``shard_bytes``: each shard file's size."""
+        ``shard_bytes``: each shard file's size; ``coarse``: ``_Global``'s."""
         found = self._kernel_tables
         if found is None:
             layout, table = self._layout, self._global
@@ -671,14 +680,17 @@ class MDSFiles(PeerFiles):
                                           self._fixed_first)
                 before, shards = layout.before, (none, none)
                 samples = (none, np.zeros((1, 2), np.int64))
+                coarse = none
             else:
                 assert table is not None
                 per, size, fixed_first, before = 0, 0, none, 0
                 samples = (table.tokens, table.samples)
                 shards = (table.shard_samples, table.shard_tokens)
+                coarse = table.coarse
             found = (width if width else 8, not width, per, size, before, fixed_first, *samples,
                      self._sizes, *shards, self._variable, layout.position,
-                     not layout.raw and layout.shape is None, np.array(self._bytes, np.int64))
+                     not layout.raw and layout.shape is None, np.array(self._bytes, np.int64),
+                     coarse)
             self._kernel_tables = found
         return found
 
