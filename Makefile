@@ -7,7 +7,7 @@ BENCH_VENV := .bench-venv
 BENCH_PY := $(BENCH_VENV)/bin/python
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-.PHONY: demo test lint docs bench clean
+.PHONY: demo test pytest lint docs bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,11 +28,16 @@ lint: $(STAMP)
 docs: $(STAMP)
 	$(PY) -m sphinx -b html -n -W --keep-going -q docs build/docs/html -d build/docs/doctrees
 
+# lint, docs and the tests at once: the tests leave the cores idle about a
+# quarter of their run (subprocesses and servers starting, the last module),
+# which lint and docs fill; each one's output is printed whole when it ends.
+test: $(STAMP)
+	$(MAKE) -j3 --output-sync=target lint docs pytest
+
 # Two workers (TEST_WORKERS=0: one process). --dist loadscope runs each module on
 # one worker: its module fixtures are built once.
 TEST_WORKERS ?= 2
-test: $(STAMP)
-	$(MAKE) -j2 lint docs
+pytest: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope
 
 $(BENCH_STAMP): pyproject.toml constraints.txt
