@@ -329,11 +329,12 @@ def run(code: str, path: Path) -> dict[str, float]:
     return json.loads(lines[-1])
 
 
-def _mapped_per_touch(folder: Path, random: bool = False, touches: int = 8) -> float:
+def _mapped_per_touch(folder: Path, touches: int = 8) -> tuple[float, float]:
     """Bytes of file pages (``RssFile``) a process gains per 4 KiB page it
     first reads through a mapping of the largest file under ``folder`` (in
-    the page cache: read whole first): what any mapped reader pays per
-    window on this kernel, whoever wrote or read the file before."""
+    the page cache: read whole first), plainly and after
+    ``madvise(MADV_RANDOM)``: what any mapped reader pays per window on this
+    kernel, whoever wrote or read the file before."""
     import mmap
 
     def mapped() -> int:
@@ -343,17 +344,20 @@ def _mapped_per_touch(folder: Path, random: bool = False, touches: int = 8) -> f
 
     path = max((f for f in folder.iterdir() if f.is_file()), key=lambda f: f.stat().st_size)
     warm(folder)
+    found = []
     with open(path, "rb") as handle:
         size = os.fstat(handle.fileno()).st_size
-        view = mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ)
-        if random:
-            view.madvise(mmap.MADV_RANDOM)
-        before = mapped()
-        for at in np.random.default_rng(7).integers(0, size - 4096, touches).tolist():
-            view[at:at + 4096]
-        added = mapped() - before
-        view.close()
-    return added / touches
+        for random in (False, True):
+            view = mmap.mmap(handle.fileno(), size, prot=mmap.PROT_READ)
+            if random:
+                view.madvise(mmap.MADV_RANDOM)
+            before = mapped()
+            for at in np.random.default_rng(7 + random).integers(0, size - 4096,
+                                                                 touches).tolist():
+                view[at:at + 4096]
+            found.append((mapped() - before) / touches)
+            view.close()
+    return found[0], found[1]
 
 
 def main() -> None:
@@ -376,10 +380,10 @@ def main() -> None:
         formats = [*dict.fromkeys([*args.formats.split(","), "native"])]
     paths = build(root / f"{tokens}", tokens, formats)
     print(f"tokens {tokens:,}, seq_len {SEQ}, batch {BATCH}; load {os.getloadavg()}")
-    touch = _mapped_per_touch(paths["native"])
+    touch, random_touch = _mapped_per_touch(paths["native"])
     print(f"page cache this kernel maps a process per 4 KiB first touched in a warm file: "
           f"{touch / 2**20:.2f} MiB (large folios, mapped whole; madvise(MADV_RANDOM) "
-          f"{_mapped_per_touch(paths['native'], random=True) / 2**20:.2f} MiB)")
+          f"{random_touch / 2**20:.2f} MiB)")
     print("\nfirst batch (fresh process; imports excluded)")
     print("zerobatch: cold = a fresh process (its Numba kernels load from the cache); "
           "warm = opening again in that process")

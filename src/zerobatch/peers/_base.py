@@ -133,12 +133,10 @@ def local_reader(path: str | Path) -> Iterator[Callable[[int, int], bytes]]:
         data = os.pread(descriptor, count, offset)
         if len(data) == count or not data:  # (one pread returns at most ~2 GiB)
             return data
-        parts = [data]
-        while (got := sum(map(len, parts))) < count:
-            part = os.pread(descriptor, count - got, offset + got)
-            if not part:
-                break
+        parts, got = [data], len(data)
+        while got < count and (part := os.pread(descriptor, count - got, offset + got)):
             parts.append(part)
+            got += len(part)
         return b"".join(parts)
 
     try:

@@ -274,7 +274,7 @@ def read_batches(read: Read, size: int, column: str, path: str | Path
                     raise FormatError("a record batch before the schema", path=path,
                                       field="message")
                 numbers, candidate = _record_batch(chunk, at, root, header, layout,
-                                                   metadata_end, path)
+                                                   metadata_end, body, path)
                 template = template or candidate
             elif kind != DICTIONARY_BATCH:
                 raise FormatError(f"a message of type {kind} in a table stream", path=path,
@@ -328,12 +328,12 @@ def _message(read: Read, chunk: bytes, at: int, size: int, path: str | Path
 
 
 def _record_batch(chunk: bytes, at: int, message: _Table, header: _Table, layout: ListColumn,
-                  metadata_end: int, path: str | Path
+                  metadata_end: int, body: int, path: str | Path
                   ) -> tuple[tuple[int, ...], _Template | None]:
     """The numbers of the record batch at byte ``at`` (``chunk``: bytes read
-    there), parsed, as ``_Template.match`` gives them; and the template its
-    bytes make (None where they miss its metadata, it has no body length, or
-    the numbers overlap)."""
+    there; ``body``: its body's length), parsed, as ``_Template.match`` gives
+    them; and the template its bytes make (None where they miss its
+    metadata, it has no body length, or the numbers overlap)."""
     field = f"record batch at byte {at + metadata_end}"
     if header.table(3, "compression") is not None:
         raise FormatError("compressed record batches are not read in place", path=path,
@@ -343,7 +343,6 @@ def _record_batch(chunk: bytes, at: int, message: _Table, header: _Table, layout
     if layout.values_node >= len(nodes) or layout.values_buffer >= len(buffers):
         raise FormatError(f"{len(nodes)} nodes and {len(buffers)} buffers, fewer than the "
                           "schema needs", path=path, field=field)
-    body = message.scalar(3, "<q")
     numbers = (body, nodes[layout.node][0], nodes[layout.values_node][1],
                *buffers[layout.offsets_buffer], *buffers[layout.values_buffer])
     body_at, rows_at = message.slot(3), header.slot(0)
@@ -383,19 +382,19 @@ class _Template:
             cursor = max(cursor, at + count)
         if cursor < self.end:
             self.fixed.append((cursor, self.end, message[cursor:]))
-        layout, cursor, slots = "<", 0, sorted(range(len(read_at)), key=lambda i: read_at[i][0])
-        for i in slots:
+        # read_at lists the numbers in match's order; the struct reads them in
+        # file order, and order maps its items back
+        places = list(itertools.accumulate((len(kind) for _, kind in read_at), initial=0))
+        layout, cursor, self.order = "<", 0, [0] * places[-1]
+        item = 0
+        for i in sorted(range(len(read_at)), key=lambda i: read_at[i][0]):
             at, kind = read_at[i]
             layout += f"{at - cursor}x{kind}"
             cursor = at + 8 * len(kind)
-        self.numbers = struct.Struct(layout)
-        self.order = [0, 0, 0, 0, 0, 0, 0]  # the unpacked items in match's order
-        item = 0
-        for i in slots:
-            place = [0, 1, 2, 3, 5][i]
-            for k in range(len(read_at[i][1])):
-                self.order[place + k] = item
+            for k in range(len(kind)):
+                self.order[places[i] + k] = item
                 item += 1
+        self.numbers = struct.Struct(layout)
 
     def match(self, chunk: bytes) -> tuple[int, ...] | None:
         """(body length, rows, null values, offsets buffer offset and length,
