@@ -200,6 +200,48 @@ def test_the_row_kernels_equal_the_pure_order(case: Any, data: Any) -> None:
     assert order.observe(positions, table)[2] == (int(late[0]) if late.size else -1)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixtures(max_sources=8), st.data())
+def test_step_blocks_kept_between_calls_answer_as_fresh(case: Any, data: Any) -> None:
+    """One order asked for many steps in a row (``step_blocks`` keeps its last
+    answer and the ranges it holds for): each answer equals the pure order,
+    across block and stage boundaries, with steps that go back, jump, shrink,
+    end past the order's ``stop`` or start below 0."""
+    lengths, stages, seed = case
+    order = MixtureOrder([f"s{i}" for i in range(len(lengths))], lengths, stages, seed=seed)
+    table = order.table()
+    stops = [stages[-1].start + data.draw(st.integers(1, 4_000)) for _ in range(2)]
+    widest = 2 * max(s.block_size for s in stages) + 1
+    at = data.draw(st.integers(0, max(stops) - 1))
+    for _ in range(data.draw(st.integers(2, 12))):
+        stop = data.draw(st.sampled_from(stops))
+        at = max(0, min(stop - 1, at + data.draw(st.integers(-300, 300))))
+        positions = np.arange(at, min(stop, at + data.draw(st.integers(1, widest))),
+                              dtype=np.int64)
+        last = data.draw(st.sampled_from(["kept", "anywhere", "just before"]))
+        if last == "anywhere":  # steps need not ascend
+            positions[-1] = data.draw(st.integers(0, stop - 1))
+        elif last == "just before":  # (the end of the block or stage before)
+            positions[-1] = max(0, at - data.draw(st.integers(1, widest)))
+        sources, _, index = order.observations(positions)
+        got_sources, got_index, over = order.observe(positions, table, stop)
+        assert over == -1
+        np.testing.assert_array_equal(got_sources, sources)
+        np.testing.assert_array_equal(got_index, index)
+        kept = order.step_blocks(positions, stop)
+        fresh = MixtureOrder(order.names, order.lengths, stages, seed=seed).step_blocks(
+            positions, stop)
+        assert (kept is None) == (fresh is None)
+        if kept is not None:
+            assert kept[1:5] == fresh[1:5]
+            for at in (5, 8):  # each block's layout, then its passes and round keys
+                np.testing.assert_array_equal(kept[at], fresh[at])
+                present = np.unique(kept[at][0])  # (the rows of other sources are unset)
+                for table_at in (at + 1, at + 2):
+                    np.testing.assert_array_equal(kept[table_at][present],
+                                                  fresh[table_at][present])
+
+
 def test_positions_out_of_order_past_the_step_blocks():
     """Positions that do not ascend: the first and the last in one block, one
     between them in the next. The step kernels had read it from the first
