@@ -17,7 +17,7 @@ input), ``llmbatch`` (with its
 ``batchmeta``, ``safetensors``, ``bintensors``, ``npy-folder``, ``npy-dtypes`` (with
 ``verify_npy`` for each output dtype)
 and the peer formats ``megatron``, ``datatrove``, ``litdata``, ``hf``, ``mds``,
-``mds-bytes``);
+``mds-mapped`` (every file mapped, as large shards are), ``mds-bytes``);
 ``stream-sealed`` (token-stream datasets whose manifest
 checksums are recomputed after each mutation, so ``verify``'s checks past the
 checksum judge it: a read failing where ``verify`` passed is a false pass);
@@ -664,6 +664,21 @@ def _read_peer(format: str, **options: Any) -> Callable[[Path, Files], None]:
     return read
 
 
+def _read_mapped(read: Callable[[Path, Files], None]) -> Callable[[Path, Files], None]:
+    """``read`` with every non-empty file mapped (``MAP_FROM`` 1 byte): the
+    small seeds are otherwise read by ``pread``, and the MDS kernels check a
+    mapped shard's sample headers in place."""
+    def mapped(folder: Path, files: Files) -> None:
+        from zerobatch.storage import local
+
+        saved, local.MAP_FROM = local.MAP_FROM, 1
+        try:
+            read(folder, files)
+        finally:
+            local.MAP_FROM = saved
+    return mapped
+
+
 def _read_hf_ranged(folder: Path, files: Files) -> None:
     """The HF reader that object storage gets (message headers walked by range,
     ``peers.arrow_ipc``), run over the local files."""
@@ -686,7 +701,8 @@ def _read_hf_ranged(folder: Path, files: Files) -> None:
         ds.verify()
 
 
-PEERS = ("megatron", "datatrove", "litdata", "hf", "hf_ranged", "mds", "mds-bytes")
+PEERS = ("megatron", "datatrove", "litdata", "hf", "hf_ranged", "mds", "mds-mapped",
+         "mds-bytes")
 for _target in (
     Target("hf_ranged", _hf_seeds, _read_hf_ranged),
     Target("megatron", _megatron_seeds, _read_peer("megatron")),
@@ -694,6 +710,8 @@ for _target in (
     Target("litdata", _litdata_seeds, _read_peer("litdata")),
     Target("hf", _hf_seeds, _read_peer("hf")),
     Target("mds", _mds_seeds, _read_peer("mds"), refused=_mds_refused(_mds_seeds)),
+    Target("mds-mapped", _mds_seeds, _read_mapped(_read_peer("mds")),
+           refused=_mds_refused(_mds_seeds)),
     Target("mds-bytes", _mds_bytes_seeds, _read_peer("mds", dtype="int64"),
            refused=_mds_refused(_mds_bytes_seeds, dtype="int64")),
 ):

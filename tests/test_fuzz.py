@@ -19,7 +19,8 @@ import fuzz
 from support.s3_server import S3Server
 
 SLICE = {"stream": 1000, "npy-folder": 1500,  # the slow readers get fewer (datatrove ~0.15 s)
-         "megatron": 500, "datatrove": 150, "litdata": 500, "hf": 500, "mds": 200, "mds-bytes": 100,
+         "megatron": 500, "datatrove": 150, "litdata": 500, "hf": 500, "mds": 200,
+         "mds-mapped": 100, "mds-bytes": 100,
          "hf_ranged": 300, "stream-ranged": 500,
          "stream-sealed": 200, "npy-dtypes": 300, "cli": 150, "batch-wire": 300,
          **{name: 150 for name in fuzz.TARGETS if name.startswith("state-")}}

@@ -285,6 +285,39 @@ def test_direct_reads_check_every_sample(mds, tmp_path):
             ds.documents().read([1])["input_ids"][0], mds["plain"][1][1])
 
 
+def test_mapped_shards_check_each_sample_in_place(mds, tmp_path):
+    """A shard large enough to be mapped ("wide"): the window kernel checks
+    each sample's size prefix and shape header where they lie in the
+    mapping. A lie in any of them is a FormatError naming the sample; a
+    window that does not touch it still reads."""
+    from zerobatch.storage.local import MAP_FROM
+
+    folder, index = _copy(mds, "wide", tmp_path)
+    path, good = _shard(folder, index, 0)
+    assert len(good) >= MAP_FROM
+    tokens = np.concatenate(mds["wide"][1])
+    start = int.from_bytes(good[12:16], "little")  # sample 2: 65,536 values, a 5-byte header
+    size = int.from_bytes(good[start:start + 4], "little")
+    lies = {"size prefix": (start, (size + 2).to_bytes(4, "little")),
+            "ndim": (start + 4, bytes([2 << 2 | 2])),
+            "width": (start + 4, bytes([1 << 2 | 1])),
+            "count": (start + 5, (65_537).to_bytes(4, "little"))}
+    for name, (at, value) in lies.items():
+        raw = bytearray(good)
+        raw[at:at + len(value)] = value
+        path.write_bytes(bytes(raw))
+        with open_dataset(folder) as ds:
+            windows = ds.windows(1000)
+            assert windows._direct
+            np.testing.assert_array_equal(windows.read([3])["input_ids"][0],
+                                          tokens[3000:4000])
+            files, use_pread = ds.files.storage.files()
+            assert not use_pread and files.addresses.any(), "the shard is not mapped"
+            with pytest.raises(FormatError, match=r"samples\[2\]\.tokens") as caught:
+                windows.read([3, 71])  # window 71: tokens [71000, 72001), in sample 2
+            assert path.name in str(caught.value), name
+
+
 def test_local_reads_are_one_call(mds, monkeypatch):
     """From local files, windows never go through the scattered read, and the
     scattered read (documents) never through the storage's read_into: both

@@ -14,11 +14,11 @@ from zerobatch.storage.local import _LINE, _pointer, _prefetch, prefetch_request
 from zerobatch.stream import _kernels as stream_kernels
 from zerobatch.stream._kernels import count_at_or_below
 
-__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "BAD_SAMPLE", "MDS_BACKWARDS",
-           "MDS_NOT_1D", "MDS_NOT_WHOLE", "MDS_OK", "MDS_SHORT", "MDS_SIZES", "OK", "gather",
-           "mds_check", "mds_header", "mds_pieces", "mds_read_requests", "mds_read_windows",
-           "mds_read_windows_segments", "mds_sample_table", "megatron_offsets",
-           "plan_mapped_documents", "search_right"]
+__all__ = ["BAD_INDICES", "BAD_LENGTH", "BAD_POINTER", "BAD_SAMPLE", "MDS_ARRAYS",
+           "MDS_BACKWARDS", "MDS_NOT_1D", "MDS_NOT_WHOLE", "MDS_OK", "MDS_SCALARS", "MDS_SHORT",
+           "MDS_SIZES", "OK", "gather", "mds_check", "mds_header", "mds_pieces",
+           "mds_read_requests", "mds_read_windows", "mds_read_windows_segments",
+           "mds_sample_table", "megatron_offsets", "plan_mapped_documents", "search_right"]
 
 _OBS, _SHARD, _START, _LENGTH, _DEST = (stream_kernels.OBS, stream_kernels.SHARD,
                                         stream_kernels.START, stream_kernels.LENGTH,
@@ -318,14 +318,32 @@ def _view(array: np.ndarray) -> np.ndarray:
     return numba.carray(_pointer(array.ctypes.data), array.shape, array.dtype)
 
 
+MDS_SCALARS = (0, 1, 2, 3, 4, 12, 13)
+MDS_ARRAYS = (5, 6, 7, 8, 9, 10, 11, 14, 15)
+"""An MDS kernel descriptor (``MDSFiles.kernel_descriptor``): the scalars of
+``MDSFiles.kernel_tables`` at ``MDS_SCALARS`` (``first_len, entries, per,
+size, before, position, header``), then the address and length of each of
+its arrays at ``MDS_ARRAYS`` (``samples``: its rows of two)."""
+
+
 @njit(nogil=True, cache=True, inline="always")
-def _unowned(mds: tuple) -> tuple:
-    """``MDSFiles.kernel_tables`` with its arrays as ``_view`` s: the read
-    kernels hand the tuple down per row, piece and sample, and each hand-off
-    of a tuple of owned arrays counts a reference to each."""
-    return (mds[0], mds[1], mds[2], mds[3], mds[4], _view(mds[5]), _view(mds[6]),
-            _view(mds[7]), _view(mds[8]), _view(mds[9]), _view(mds[10]), _view(mds[11]),
-            mds[12], mds[13], _view(mds[14]), _view(mds[15]))
+def _int64s(descriptor: np.ndarray, at: int) -> np.ndarray:
+    """The int64 array whose address and length are ``descriptor[at:at + 2]``."""
+    return numba.carray(_pointer(descriptor[at]), descriptor[at + 1], np.int64)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _tables(descriptor: np.ndarray) -> tuple:
+    """``MDSFiles.kernel_tables`` from its descriptor, its arrays as views that
+    own no reference (``numba.carray``): one int64 array crosses into the
+    kernel, where the tuple of arrays had the dispatcher type and unbox each
+    (~2 us a call), and handing the tuple down per row, piece and sample
+    counts no reference."""
+    d, at = descriptor, len(MDS_SCALARS)
+    samples = numba.carray(_pointer(d[at + 4]), (d[at + 5], 2), np.int64)
+    return (d[0], d[1] != 0, d[2], d[3], d[4], _int64s(d, at), _int64s(d, at + 2), samples,
+            _int64s(d, at + 6), _int64s(d, at + 8), _int64s(d, at + 10), _int64s(d, at + 12),
+            d[5], d[6] != 0, _int64s(d, at + 14), _int64s(d, at + 16))
 
 
 @njit(nogil=True, cache=True)
@@ -422,10 +440,10 @@ def _sample_at(s: int, g: int, mds: tuple) -> tuple[int, int, int, int, int, int
 
 @njit(nogil=True, cache=True)
 def mds_pieces(shards: np.ndarray, requests: np.ndarray, itemsize: int, total: int,
-               mds: tuple) -> tuple[np.ndarray, np.ndarray, int]:
+               mds: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """An MDS batch's reads, for any storage: ``requests`` (handle, byte offset,
     bytes and destination over shard ``shards[p]``'s tokens) split at sample
-    bounds (``mds``: ``MDSFiles.kernel_tables``).
+    bounds (``mds``: ``MDSFiles.kernel_descriptor``).
 
     Returns ``(requests (4, 3n), pieces (7, n), bytes)``: ``n`` value reads into
     the batch buffer (bytes ``[0, total)``), then ``n`` reads of ``first_len``
@@ -433,7 +451,7 @@ def mds_pieces(shards: np.ndarray, requests: np.ndarray, itemsize: int, total: i
     offsets-table entries), then ``n`` shape-header reads, into one scratch
     buffer of ``bytes``; per piece its shard, sample in the shard, token
     count, start and end bytes, value byte and header bytes."""
-    tables = _unowned(mds)
+    tables = _tables(mds)
     first_len, entries = tables[0], tables[1]
     spans = _sample_spans(shards, requests, itemsize, tables)
     n = 0
@@ -478,22 +496,34 @@ def _read_samples(
     """Records ``[first, first + count)`` of shard ``s``'s tokens (file
     ``handle``; in samples ``[lo, hi)``, ``_sample_spans``) to memory at
     ``address``, one ``read_request`` a sample piece, each sample's size
-    prefix (or offsets-table entries) and shape header read into ``check``
-    and checked first (``_sample_ok``). Returns 1, a ``read_request``
-    status, or ``BAD_SAMPLE``."""
+    prefix (or offsets-table entries) and shape header checked first
+    (``_sample_ok``): in place in a mapped file, else read into ``check``.
+    Returns 1, a ``read_request`` status, or ``BAD_SAMPLE``."""
     first_len, entries, variable, position = mds[0], mds[1], mds[11], mds[12]
     at = check.ctypes.data
+    size = sizes[handle] if 0 <= handle < sizes.shape[0] else -1
+    mapped = not use_pread and size >= 0 and addresses[handle] != 0
+    data = numba.carray(_pointer(addresses[handle]), size, np.uint8) if mapped else check
     for g in range(lo, hi):
         local, start, tokens_in, begin, end, value, head = _sample_at(s, g, mds)
-        status = read_request(handle, 4 * (1 + local) if entries else begin, first_len, at,
-                              fds, addresses, sizes, use_pread)
-        if status == 1 and head > 0:
-            status = read_request(handle, value - head, head, at + first_len, fds, addresses,
-                                  sizes, use_pread)
-        if status < 1:
-            return status
-        if not _sample_ok(check, 0, first_len, first_len, begin, end, value, head, tokens_in,
-                          column_sizes, variable, position, itemsize):
+        prefix = 4 * (1 + local) if entries else begin
+        if mapped:  # read_request's bounds, then the bytes where they lie
+            if (prefix < 0 or prefix + first_len > size
+                    or (head > 0 and (value - head < 0 or value > size))):
+                return 0
+            sound = _sample_ok(data, prefix, value - head, first_len, begin, end, value, head,
+                               tokens_in, column_sizes, variable, position, itemsize)
+        else:
+            status = read_request(handle, prefix, first_len, at, fds, addresses, sizes,
+                                  use_pread)
+            if status == 1 and head > 0:
+                status = read_request(handle, value - head, head, at + first_len, fds,
+                                      addresses, sizes, use_pread)
+            if status < 1:
+                return status
+            sound = _sample_ok(check, 0, first_len, first_len, begin, end, value, head,
+                               tokens_in, column_sizes, variable, position, itemsize)
+        if not sound:
             return BAD_SAMPLE
         low = max(start, first)
         high = min(start + tokens_in, first + count)
@@ -615,15 +645,15 @@ def _read_cast_mds_row(
 @njit(nogil=True, cache=True)
 def mds_read_requests(
     shards: np.ndarray, requests: np.ndarray, buffer: np.ndarray, fds: np.ndarray,
-    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, itemsize: int, mds: tuple,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, itemsize: int, mds: np.ndarray,
 ) -> tuple[int, int]:
     """``MDSFiles.read_scattered``'s ``requests`` (``(4, P)``: handle, byte
     offset and bytes over shard ``shards[p]``'s tokens, byte destination in
     ``buffer``) read from local files in one call by ``_read_request``, the
     next request's samples prefetched first (``mds``:
-    ``MDSFiles.kernel_tables``). Returns (the failed request or -1, its
+    ``MDSFiles.kernel_descriptor``). Returns (the failed request or -1, its
     status)."""
-    tables = _unowned(mds)
+    tables = _tables(mds)
     fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
     spans = _sample_spans(shards, requests, itemsize, tables)
     check, column_sizes = _scratch(tables)
@@ -648,10 +678,10 @@ def mds_read_windows(
     indices: np.ndarray, stride: int, n: int, count: int, shard_starts: np.ndarray,
     handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
     addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
-    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, mds: tuple,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, mds: np.ndarray,
 ) -> tuple[int, int, int, int, int, int, int]:
     """``stream._kernels.read_windows`` over MDS shards (``mds``:
-    ``MDSFiles.kernel_tables``): each window's pieces split at sample bounds,
+    ``MDSFiles.kernel_descriptor``): each window's pieces split at sample bounds,
     every sample's header checked and its values copied into ``row``
     (``_read_mds_row``), then cast. Returns what ``read_windows`` returns; a
     failed request's status may also be ``BAD_SAMPLE``."""
@@ -659,7 +689,7 @@ def mds_read_windows(
         indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
-    tables = _unowned(mds)
+    tables = _tables(mds)
     fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
     check, column_sizes, spans = _row_scratch(pieces, requests, row, tables)
     p = ahead = 0
@@ -680,7 +710,7 @@ def mds_read_windows_segments(
     handles: np.ndarray, bases: np.ndarray, row: np.ndarray, fds: np.ndarray,
     addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
     inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: np.ndarray,
-    out: tuple, mds: tuple,
+    out: tuple, mds: np.ndarray,
 ) -> tuple[int, int, int, int, int, int, int]:
     """:func:`mds_read_windows` with each window's document columns, as
     ``stream._kernels.read_windows_segments`` (``docs``: every shard's
@@ -689,7 +719,7 @@ def mds_read_windows_segments(
         indices, stride, n, count, shard_starts, handles, bases, row.itemsize)
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
-    tables = _unowned(mds)
+    tables = _tables(mds)
     fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
     firsts, code, shard = stream_kernels._first_documents(pieces, n, seq_len, docs)
     if code != _DOCS_OK:

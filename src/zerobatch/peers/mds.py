@@ -66,9 +66,11 @@ from zerobatch.peers._base import Location, PeerFiles, PeerShard, local_reader, 
 from zerobatch.peers._index import DocumentTables
 from zerobatch.peers._kernels import (
     COARSE,
+    MDS_ARRAYS,
     MDS_BACKWARDS,
     MDS_NOT_WHOLE,
     MDS_OK,
+    MDS_SCALARS,
     MDS_SHORT,
     MDS_SIZES,
     mds_check,
@@ -261,6 +263,7 @@ class MDSFiles(PeerFiles):
         self._values: list[int] = []  # per shard: its first value byte (dynamic shapes)
         self._unready = 0
         self._kernel_tables: tuple[Any, ...] | None = None
+        self._kernel_descriptor: npt.NDArray[np.int64] | None = None
         self._documents_table: DocumentTables | None = None
         self._samples: list[int] = []
         self._bytes: list[int] = []
@@ -694,6 +697,22 @@ class MDSFiles(PeerFiles):
             self._kernel_tables = found
         return found
 
+    def kernel_descriptor(self) -> npt.NDArray[np.int64]:
+        """:meth:`kernel_tables` as what the MDS kernels take: one int64 array
+        of its scalars, then each array's address and length
+        (``_kernels.MDS_ARRAYS``). Built once, for this process (pickling
+        reopens); the arrays it points into live as long as these files."""
+        found = self._kernel_descriptor
+        if found is None:
+            tables = self.kernel_tables()
+            arrays = [tables[i] for i in MDS_ARRAYS]
+            assert all(a.dtype == np.int64 and a.flags.c_contiguous for a in arrays)
+            found = np.array([*(tables[i] for i in MDS_SCALARS),
+                              *(v for a in arrays for v in (a.ctypes.data, a.shape[0]))],
+                             np.int64)
+            self._kernel_descriptor = found
+        return found
+
     def document_tables(self) -> DocumentTables | None:
         """With a dynamic shape, once every shard's samples are built, their
         global token offsets (held by these files) as one table for
@@ -723,8 +742,8 @@ class MDSFiles(PeerFiles):
 
     def direct_kernels(self) -> tuple[Any, Any, tuple[Any, ...]]:
         """``mds_read_windows`` and its document-column twin, which take
-        :meth:`kernel_tables` after ``read_windows``'s arguments."""
-        return mds_read_windows, mds_read_windows_segments, (self.kernel_tables(),)
+        :meth:`kernel_descriptor` after ``read_windows``'s arguments."""
+        return mds_read_windows, mds_read_windows_segments, (self.kernel_descriptor(),)
 
     def read_scattered(self, shards: npt.NDArray[np.int64], requests: npt.NDArray[np.int64],
                        buffer: npt.NDArray[np.uint8]) -> None:
@@ -737,18 +756,19 @@ class MDSFiles(PeerFiles):
         checks them (``peers._kernels.mds_read_requests``); else, and to name
         what failed there, the split and the checks are two Numba passes
         (``mds_pieces``, ``mds_check``) around one storage call."""
-        tables = self.kernel_tables()
+        tables, descriptor = self.kernel_tables(), self.kernel_descriptor()
         itemsize = self.dtype.itemsize
         shards = np.ascontiguousarray(shards)
         if isinstance(self.storage, LocalStorage):  # one call; a failure is read again below
             files, use_pread = self.storage.files()
             if mds_read_requests(shards, requests, buffer, files.fds, files.addresses,
-                                 files.sizes, use_pread, itemsize, tables)[0] < 0:
+                                 files.sizes, use_pread, itemsize, descriptor)[0] < 0:
                 return
         first_len, column_sizes, variable, position = tables[0], tables[8], tables[11], tables[12]
         total = int(buffer.size)
         # (shards contiguous: a batch of one piece must not compile another mds_pieces)
-        reads, pieces, scratch_bytes = mds_pieces(shards, requests, itemsize, total, tables)
+        reads, pieces, scratch_bytes = mds_pieces(shards, requests, itemsize, total,
+                                                  descriptor)
         scratch = np.empty(scratch_bytes, np.uint8)
         short = self.storage.read_into(reads[0], reads[1], reads[2], scratch, reads[3])
         if short >= 0:
