@@ -432,18 +432,27 @@ def test_cli_inspect_and_verify(mds, tmp_path, capsys):
     assert path.name in out and "samples[0].tokens" in out
 
 
-def test_one_kernel_specialization_for_any_batch(mds):
+def test_one_kernel_specialization_for_any_batch(mds, monkeypatch):
     """Found by the fifth fuzz round: a batch of one piece passed its shard
     column contiguous and every other batch a strided one, so the first batch
     of one piece compiled a second ``mds_pieces`` (seconds, and 55 MiB in a
-    forked fuzz child). The column is passed contiguous always."""
+    forked fuzz child). The column is passed contiguous always. The reads go
+    the two-pass way (``mds_pieces``, as from an object store) whatever ran
+    before in this process: the one-call local read is told to fail."""
+    from zerobatch.peers import mds as mds_module
     from zerobatch.peers._kernels import mds_pieces
 
     folder, _ = mds["plain"]
     with open_dataset(folder) as ds:
-        windows = ds.windows(4)
-        windows.read([0])  # one piece
-        windows.read(np.arange(min(len(windows), 64)))  # many
+        windows = ds.windows(4, document_masking=True)  # looked up: read_scattered
+        indices = np.arange(min(len(windows), 64))
+        expected = [windows.read([0]), windows.read(indices)]
+    monkeypatch.setattr(mds_module, "mds_read_requests", lambda *args: (0, 0))
+    with open_dataset(folder) as ds:
+        windows = ds.windows(4, document_masking=True)
+        got = [windows.read([0]), windows.read(indices)]  # one piece, then many
+    for a, b in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
     assert {signature[0].layout for signature in mds_pieces.signatures} == {"C"}
 
 

@@ -10,7 +10,14 @@ import numba
 import numpy as np
 
 from zerobatch._jit import njit
-from zerobatch.storage.local import _LINE, _pointer, _prefetch, prefetch_request, read_request
+from zerobatch.storage.local import (
+    _LINE,
+    _pointer,
+    _prefetch,
+    borrowed,
+    prefetch_request,
+    read_request,
+)
 from zerobatch.stream import _kernels as stream_kernels
 from zerobatch.stream._kernels import count_at_or_below
 
@@ -308,14 +315,6 @@ CPU's caches), then a search within 32 entries (four cache lines)."""
 BAD_SAMPLE = -4
 """The ``read_request``-style status of the MDS read kernels for a sample
 whose header disagrees with its table (the scattered read names it)."""
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _view(array: np.ndarray) -> np.ndarray:
-    """``array``'s memory as an array that owns no reference (``numba.carray``):
-    passing it around costs no reference count, where passing ``array``
-    costs two atomic operations each time (the caller keeps it alive)."""
-    return numba.carray(_pointer(array.ctypes.data), array.shape, array.dtype)
 
 
 MDS_SCALARS = (0, 1, 2, 3, 4, 12, 13)
@@ -654,7 +653,8 @@ def mds_read_requests(
     ``MDSFiles.kernel_descriptor``). Returns (the failed request or -1, its
     status)."""
     tables = _tables(mds)
-    fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
+    shards, requests, buffer = borrowed(shards), borrowed(requests), borrowed(buffer)
+    fd_table, address_table, size_table = borrowed(fds), borrowed(addresses), borrowed(sizes)
     spans = _sample_spans(shards, requests, itemsize, tables)
     check, column_sizes = _scratch(tables)
     count = shards.shape[0]
@@ -690,18 +690,38 @@ def mds_read_windows(
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
     tables = _tables(mds)
-    fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
     check, column_sizes, spans = _row_scratch(pieces, requests, row, tables)
+    failed, status, wrong = _mds_read_planned(
+        pieces, requests, spans, check, column_sizes, indices.shape[0], n, row, fds, addresses,
+        sizes, use_pread, seq_len, inputs, labels, shift, bounds, tables)
+    return -1, -1, failed, status, _DOCS_OK, 0, wrong
+
+
+@njit(nogil=True, cache=True)
+def _mds_read_planned(
+    pieces: np.ndarray, requests: np.ndarray, spans: np.ndarray, check: np.ndarray,
+    column_sizes: np.ndarray, rows: int, n: int, row: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, tables: tuple,
+) -> tuple[int, int, int]:
+    """The reading half of :func:`mds_read_windows` (``stream._kernels._read_planned``'s
+    twin): each of ``rows`` windows read by ``_read_cast_mds_row``, every
+    array argument borrowed first (no reference count a row). Returns (failed
+    request or -1, its status, the first row with an id outside ``bounds`` or -1)."""
+    pieces, requests, spans = borrowed(pieces), borrowed(requests), borrowed(spans)
+    check, column_sizes, row = borrowed(check), borrowed(column_sizes), borrowed(row)
+    fds, addresses, sizes = borrowed(fds), borrowed(addresses), borrowed(sizes)
+    inputs, labels, bounds = borrowed(inputs), borrowed(labels), borrowed(bounds)
     p = ahead = 0
-    for b in range(indices.shape[0]):
+    for b in range(rows):
         p, ahead, failed, status, inside = _read_cast_mds_row(
-            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fd_table,
-            address_table, size_table, use_pread, seq_len, inputs, labels, shift, bounds, tables)
+            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fds,
+            addresses, sizes, use_pread, seq_len, inputs, labels, shift, bounds, tables)
         if failed >= 0:
-            return -1, -1, failed, status, _DOCS_OK, 0, -1
+            return failed, status, -1
         if not inside:
-            return -1, -1, -1, 1, _DOCS_OK, 0, b
-    return -1, -1, -1, 1, _DOCS_OK, 0, -1
+            return -1, 1, b
+    return -1, 1, -1
 
 
 @njit(nogil=True, cache=True)
@@ -720,27 +740,50 @@ def mds_read_windows_segments(
     if bad >= 0 or closed >= 0:
         return bad, closed, -1, 1, _DOCS_OK, 0, -1
     tables = _tables(mds)
-    fd_table, address_table, size_table = _view(fds), _view(addresses), _view(sizes)
     firsts, code, shard = stream_kernels._first_documents(pieces, n, seq_len, docs)
     if code != _DOCS_OK:
         return -1, -1, -1, 1, code, shard, -1
-    mask_starts = shift == 0 and labels.shape[0] > 0
     check, column_sizes, spans = _row_scratch(pieces, requests, row, tables)
+    failed, status, code, shard, wrong = _mds_read_planned_segments(
+        pieces, requests, spans, check, column_sizes, indices.shape[0], n, row, fds, addresses,
+        sizes, use_pread, seq_len, inputs, labels, shift, bounds, docs, firsts, out, tables)
+    return -1, -1, failed, status, code, shard, wrong
+
+
+@njit(nogil=True, cache=True)
+def _mds_read_planned_segments(
+    pieces: np.ndarray, requests: np.ndarray, spans: np.ndarray, check: np.ndarray,
+    column_sizes: np.ndarray, rows: int, n: int, row: np.ndarray, fds: np.ndarray,
+    addresses: np.ndarray, sizes: np.ndarray, use_pread: bool, seq_len: int,
+    inputs: np.ndarray, labels: np.ndarray, shift: int, bounds: np.ndarray, docs: np.ndarray,
+    firsts: np.ndarray, out: tuple, tables: tuple,
+) -> tuple[int, int, int, int, int]:
+    """:func:`_mds_read_planned` with each window's document columns
+    (``stream._kernels._row_segments`` into ``out``; ``firsts``: each
+    window's first document, ``_first_documents``). Returns (failed request
+    or -1, its status, code, shard, the first row with an id outside
+    ``bounds`` or -1)."""
+    pieces, requests, spans = borrowed(pieces), borrowed(requests), borrowed(spans)
+    check, column_sizes, row = borrowed(check), borrowed(column_sizes), borrowed(row)
+    fds, addresses, sizes = borrowed(fds), borrowed(addresses), borrowed(sizes)
+    inputs, labels, bounds = borrowed(inputs), borrowed(labels), borrowed(bounds)
+    docs, firsts = borrowed(docs), borrowed(firsts)
+    mask_starts = shift == 0 and labels.shape[0] > 0
     p = ahead = 0
-    for b in range(indices.shape[0]):
+    for b in range(rows):
         first = p
         p, ahead, failed, status, inside = _read_cast_mds_row(
-            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fd_table,
-            address_table, size_table, use_pread, seq_len, inputs, labels, shift, bounds, tables)
+            b, p, ahead, pieces, requests, spans, n, row, check, column_sizes, fds,
+            addresses, sizes, use_pread, seq_len, inputs, labels, shift, bounds, tables)
         if failed >= 0:
-            return -1, -1, failed, status, _DOCS_OK, 0, -1
+            return failed, status, _DOCS_OK, 0, -1
         if not inside:
-            return -1, -1, -1, 1, _DOCS_OK, 0, b
+            return -1, 1, _DOCS_OK, 0, b
         _, code, shard = stream_kernels._row_segments(b, first, pieces, n, seq_len, docs, firsts,
                                                       labels, mask_starts, out)
         if code != _DOCS_OK:
-            return -1, -1, -1, 1, code, shard, -1
-    return -1, -1, -1, 1, _DOCS_OK, 0, -1
+            return -1, 1, code, shard, -1
+    return -1, 1, _DOCS_OK, 0, -1
 
 
 @njit(nogil=True, cache=True)

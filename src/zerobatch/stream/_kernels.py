@@ -23,7 +23,7 @@ from numba import types
 from numba.core.extending import intrinsic
 
 from zerobatch._jit import njit
-from zerobatch.storage.local import prefetch_request, read_request
+from zerobatch.storage.local import borrowed, prefetch_request, read_request
 from zerobatch.stream._tables import bytes_at, offsets_at
 from zerobatch.stream.manifest import (
     DOCS,
@@ -517,6 +517,9 @@ def _read_planned(
     windows and their ``requests``: each window read into ``row`` and cast
     (``_read_cast_row``). Returns (failed request or -1, its status, the first
     row with an id outside ``bounds`` or -1)."""
+    pieces, requests, fds = borrowed(pieces), borrowed(requests), borrowed(fds)
+    addresses, sizes, row = borrowed(addresses), borrowed(sizes), borrowed(row)
+    inputs, labels, bounds = borrowed(inputs), borrowed(labels), borrowed(bounds)
     p = ahead = 0
     for b in range(rows):
         p, ahead, failed, status, inside = _read_cast_row(
@@ -540,6 +543,10 @@ def _read_planned_segments(
     into ``out``), computed while the window is in cache. Returns (failed
     request or -1, its status, code, shard, the first row with an id outside
     ``bounds`` or -1)."""
+    pieces, requests, fds = borrowed(pieces), borrowed(requests), borrowed(fds)
+    addresses, sizes, row = borrowed(addresses), borrowed(sizes), borrowed(row)
+    inputs, labels, bounds = borrowed(inputs), borrowed(labels), borrowed(bounds)
+    docs = borrowed(docs)
     firsts, code, shard = _first_documents(pieces, n, seq_len, docs)
     if code != OK:
         return -1, 1, code, shard, -1
