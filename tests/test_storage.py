@@ -406,3 +406,30 @@ def test_default_reads_equal_both_methods(tmp_path: Path,
         for name, values in got["auto"].items():
             np.testing.assert_array_equal(values, got[method][name], err_msg=f"{method} {name}")
     assert len(order) > 30
+
+
+def test_borrowed_views_contiguous_arguments_and_passes_strided_ones() -> None:
+    """``borrowed``: a C-contiguous argument comes back as a view of the same
+    memory (writes land in the caller's array), a strided one as itself; the
+    values read through either are the caller's."""
+    from zerobatch._jit import njit
+    from zerobatch.storage.local import borrowed
+
+    @njit
+    def fill_rows(array: np.ndarray) -> float:
+        view = borrowed(array)
+        total = 0.0
+        for i in range(view.shape[0]):
+            for j in range(view.shape[1]):
+                total += view[i, j]
+                view[i, j] = -1.0
+        return total
+
+    whole = np.arange(24, dtype=np.float64).reshape(4, 6)
+    assert fill_rows(whole) == float(np.arange(24).sum())
+    assert (whole == -1.0).all()
+    base = np.arange(24, dtype=np.float64).reshape(4, 6)
+    strided = base[:, 1:5]  # not C-contiguous: passed as it is
+    expected = float(strided.sum())
+    assert fill_rows(strided) == expected
+    assert (base[:, 1:5] == -1.0).all() and (base[:, [0, 5]] != -1.0).all()
