@@ -767,7 +767,7 @@ def _mds_read_planned_segments(
     check, column_sizes, row = borrowed(check), borrowed(column_sizes), borrowed(row)
     fds, addresses, sizes = borrowed(fds), borrowed(addresses), borrowed(sizes)
     inputs, labels, bounds = borrowed(inputs), borrowed(labels), borrowed(bounds)
-    docs, firsts = borrowed(docs), borrowed(firsts)
+    docs, firsts, out = borrowed(docs), borrowed(firsts), stream_kernels.borrowed_columns(out)
     mask_starts = shift == 0 and labels.shape[0] > 0
     p = ahead = 0
     for b in range(rows):
