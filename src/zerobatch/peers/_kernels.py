@@ -15,6 +15,7 @@ from zerobatch.storage.local import (
     _pointer,
     _prefetch,
     borrowed,
+    mapped_records,
     prefetch_request,
     read_request,
 )
@@ -501,8 +502,8 @@ def _read_samples(
     first_len, entries, variable, position = mds[0], mds[1], mds[11], mds[12]
     at = check.ctypes.data
     size = sizes[handle] if 0 <= handle < sizes.shape[0] else -1
-    mapped = not use_pread and size >= 0 and addresses[handle] != 0
-    data = numba.carray(_pointer(addresses[handle]), size, np.uint8) if mapped else check
+    data, status = mapped_records(handle, 0, size, check, addresses, sizes, use_pread)
+    mapped = status == 1  # the whole file as a view of its mapping
     for g in range(lo, hi):
         local, start, tokens_in, begin, end, value, head = _sample_at(s, g, mds)
         prefix = 4 * (1 + local) if entries else begin
