@@ -357,33 +357,40 @@ class _Files:
     Slots are only ever added (a size of -1 marks a free slot), and a full
     table is replaced by a copy twice its size, so opening is amortized O(1);
     a read holds the table it started with, whose mappings stay alive until
-    it returns even if ``close()`` runs meanwhile.
+    it returns even if ``close()`` runs meanwhile. A storage with no file
+    open holds the shared empty table, :data:`_NO_FILES` (full, so the first
+    ``add`` copies it): a dataset opened and never read leaves no table, and
+    2,000 of them leave no garbage-collected objects but their own.
     """
 
-    __slots__ = ("addresses", "descriptors", "fds", "maps", "sizes")
+    __slots__ = ("addresses", "count", "fds", "maps", "sizes")
 
     def __init__(self, capacity: int = 16) -> None:
-        self.descriptors: list[int] = []
+        self.count = 0  # slots in use: handles 0 .. count - 1
         self.maps: list[np.ndarray | None] = []
-        self.fds = np.full(capacity, -1, dtype=np.int64)
+        self.fds = np.full(capacity, -1, dtype=np.int64)  # -1 for a mapped file
         self.addresses = np.zeros(capacity, dtype=np.int64)
         self.sizes = np.full(capacity, -1, dtype=np.int64)
 
     def add(self, descriptor: int, size: int, mapping: np.ndarray | None) -> _Files:
         """This table, or a larger copy, with one more file (call under a lock)."""
-        files, handle = self, len(self.descriptors)
+        files, handle = self, self.count
         if handle == self.sizes.shape[0]:
-            files = _Files(2 * handle)
-            files.descriptors, files.maps = list(self.descriptors), list(self.maps)
+            files = _Files(max(16, 2 * handle))
+            files.maps = list(self.maps)
+            files.count = handle
             files.fds[:handle] = self.fds
             files.addresses[:handle] = self.addresses
             files.sizes[:handle] = self.sizes
-        files.descriptors.append(descriptor)
         files.maps.append(mapping)
+        files.count = handle + 1
         files.fds[handle] = descriptor
         files.addresses[handle] = 0 if mapping is None else mapping.ctypes.data
         files.sizes[handle] = size  # last: the slot is valid from here on
         return files
+
+
+_NO_FILES = _Files(0)  # every storage's table until it opens a file (never added to)
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
@@ -503,7 +510,7 @@ class LocalStorage:
         self._requested = method
         self._method = resolve_method(method, self._root)
         self._handles: dict[str, int] = {}
-        self._files = _Files()
+        self._files = _NO_FILES
         self._lock = _forksafe.lock()
 
     @property
@@ -548,7 +555,7 @@ class LocalStorage:
                 if mapping is not None:  # the mapping holds the file: no descriptor kept
                     os.close(descriptor)
                     descriptor = -1
-                handle = len(self._files.descriptors)
+                handle = self._files.count
                 self._files = self._files.add(descriptor, size, mapping)
                 self._handles[name] = handle
             return handle
@@ -581,8 +588,7 @@ class LocalStorage:
         """Up to ``len(buffer)`` bytes at ``offset`` (``os.preadv``; from its
         mapping for a mapped file); returns the bytes read."""
         files = self._files
-        descriptors = files.descriptors
-        if not 0 <= handle < len(descriptors):
+        if not 0 <= handle < files.count:
             raise OSError(f"handle {handle} is not open")
         view = byte_view(buffer)
         mapping = files.maps[handle]
@@ -592,9 +598,9 @@ class LocalStorage:
             part = mapping[offset:offset + len(view)]
             view[:part.shape[0]] = part.data
             return int(part.shape[0])
-        done = 0
+        done, descriptor = 0, int(files.fds[handle])
         while done < len(view):
-            got = os.preadv(descriptors[handle], [view[done:]], offset + done)
+            got = os.preadv(descriptor, [view[done:]], offset + done)
             if got == 0:
                 break
             done += got
@@ -612,7 +618,7 @@ class LocalStorage:
     def close(self) -> None:
         """Close every handle; idempotent. Mappings are released once no read uses them."""
         with self._lock:
-            files, self._files, self._handles = self._files, _Files(), {}
-        for descriptor in files.descriptors:
+            files, self._files, self._handles = self._files, _NO_FILES, {}
+        for descriptor in files.fds[:files.count].tolist():
             if descriptor >= 0:  # -1: a mapped file, closed when it was mapped
                 os.close(descriptor)
