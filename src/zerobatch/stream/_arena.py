@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 from collections.abc import Callable
 
 import numpy as np
@@ -31,14 +32,16 @@ _IDLE_REFS = 3  # the arena's list, the local name, getrefcount's argument
 class Arena:
     """Up to ``keep`` recyclable uint8 buffers. Thread-safe. ``allocate(nbytes)``
     makes a new one (default ``np.empty``; pinned host memory for a device
-    output, say)."""
+    output, say). ``lock``: the owner's lock, when the arena may share it
+    (never held while taking a buffer); a fresh one by default."""
 
     def __init__(self, *, keep: int = 8,
-                 allocate: Callable[[int], np.ndarray] | None = None) -> None:
-        self._buffers: list[np.ndarray] = []
+                 allocate: Callable[[int], np.ndarray] | None = None,
+                 lock: threading.Lock | None = None) -> None:
+        self._buffers: list[np.ndarray] | tuple[()] = ()  # a list from the first buffer kept
         self._keep = keep
         self._allocate = allocate
-        self._lock = _forksafe.lock()
+        self._lock = _forksafe.lock() if lock is None else lock
 
     def allocate_with(self, allocate: Callable[[int], np.ndarray]) -> None:
         """New buffers come from ``allocate`` from now on (pinned host memory
@@ -47,7 +50,7 @@ class Arena:
         with self._lock:
             if allocate is not self._allocate:
                 self._allocate = allocate
-                self._buffers = []
+                self._buffers = ()
 
     def take(self, nbytes: int) -> np.ndarray:
         """A uint8 buffer of at least ``nbytes`` bytes (contents undefined)."""
@@ -63,9 +66,11 @@ class Arena:
             fresh = (np.empty(size, dtype=np.uint8) if self._allocate is None
                      else self._allocate(size))
             if len(self._buffers) < self._keep:
-                self._buffers.append(fresh)
+                self._buffers = [*self._buffers, fresh]
             elif idle is not None:
-                self._buffers[idle] = fresh
+                buffers = list(self._buffers)
+                buffers[idle] = fresh
+                self._buffers = buffers
             return fresh
 
 

@@ -16,6 +16,7 @@ Document offsets are, per shard, ``documents + 1`` ``<u8`` record offsets from
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -66,10 +67,13 @@ class MappedIndex:
     The native layout maps the ``docs``, ``meta.index``, ``meta.data`` and
     ``meta.spans`` files of ``manifest``'s shards through ``storage``, each
     checked against the shard table; ``error`` builds the ``FormatError`` of a
-    shard's file. Thread-safe: tables are built under a lock, then read-only.
+    shard's file. Thread-safe: tables are built under ``lock`` (the owning
+    dataset's, which is never held while a table is asked for; a fresh one
+    by default), then read-only.
     """
 
-    def __init__(self, manifest: Manifest, storage: Storage, error: ShardError) -> None:
+    def __init__(self, manifest: Manifest, storage: Storage, error: ShardError, *,
+                 lock: threading.Lock | None = None) -> None:
         shards = manifest.shards
         self._manifest = manifest
         self._storage = storage
@@ -80,7 +84,7 @@ class MappedIndex:
         self._entries = np.array([s.metadata_entries or 0 for s in shards], dtype=np.int64)
         self._shard_ids = np.arange(len(shards), dtype=np.int64)
         self._tables: dict[str, np.ndarray] = {}
-        self._lock = _forksafe.lock()
+        self._lock = _forksafe.lock() if lock is None else lock
 
     def view(
         self, pieces: npt.NDArray[np.int64], obs_begin: npt.NDArray[np.int64],

@@ -106,9 +106,12 @@ class Dataset:
         self._bases = np.zeros(len(shards), np.int64) if bases is None else np.array(
             bases, np.int64)
         self._token_handles = np.full(len(shards), -1, dtype=np.int64)  # -1: not open yet
-        self._index = self._make_index()
-        self._arena = Arena()
+        # One lock for the dataset, its index tables and its buffers (their
+        # critical sections never nest): fewer objects for the collector to
+        # track when a mixture opens thousands of datasets.
         self._lock = _forksafe.lock()
+        self._index = self._make_index()
+        self._arena = Arena(lock=self._lock)
         self._closed = False
 
     def _make_index(self) -> Index:
@@ -116,7 +119,7 @@ class Dataset:
         a block cache (``ObjectStorage.blocks``) the entries a batch needs."""
         blocks = getattr(self._storage, "blocks", None)
         if blocks is None:
-            return MappedIndex(self._manifest, self._storage, self._shard_error)
+            return MappedIndex(self._manifest, self._storage, self._shard_error, lock=self._lock)
         return RangedIndex(self._manifest, blocks, self._check)
 
     def _token_file(self, shard: int) -> str:
