@@ -63,6 +63,7 @@ __all__ = ["Dataset", "Documents", "TokenWindows", "open_dataset"]
 _HEAD = 8  # spare bytes before metadata entries (see serializers.loads_many)
 _METADATA_SCHEMA = FieldSchema("objects", "Spans")  # per window, its (start, end, value) spans
 _EMPTY_METADATA_SCHEMA = FieldSchema("objects", "object")  # what from_columns infers for []
+_DIRECT_KERNELS = (k.read_windows, k.read_windows_segments)  # TokenWindows._kernels' default
 
 
 _DOC_IDS_SCHEMA = normalize_column("doc_ids", np.zeros(0, np.int64))[1]
@@ -222,6 +223,16 @@ class Dataset:
             for s in closed:
                 table[s] = self._storage.open(self._token_file(s))
         return table
+
+    def _open_one(self, shard: int) -> int:
+        """The handle of ``shard``'s token file, opened if it is not open yet."""
+        with self._lock:
+            if self._closed:
+                raise ValueError(f"{self._path} is closed")
+            handle = int(self._token_handles[shard])
+            if handle < 0:
+                handle = self._token_handles[shard] = self._storage.open(self._token_file(shard))
+        return handle
 
     def _docs_tables(self) -> np.ndarray:
         """Every shard's document offsets, whole, as kernel table rows (local
@@ -484,7 +495,7 @@ class TokenWindows:
         self._one_call = self._direct
         # The direct kernels (without, with the document columns) and what they
         # take after ``read_windows``'s arguments (a scattered peer format's tables).
-        self._kernels: tuple[Any, Any] = (k.read_windows, k.read_windows_segments)
+        self._kernels: tuple[Any, Any] = _DIRECT_KERNELS
         self._kernel_tail: tuple[Any, ...] = ()
         self._direct_schema = {name: self._dense[name] for name in self._columns
                                if name in self._dense}
