@@ -95,6 +95,30 @@ def test_json_depth_ignores_brackets_in_strings() -> None:
         load_json(b"[1,2]", path="m.json", field="manifest", max_bytes=4)
 
 
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max(map(_depth, value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max(map(_depth, value), default=0)
+    return 0
+
+
+_JSON_VALUES = st.recursive(
+    st.none() | st.integers() | st.text(alphabet='ab"\\[]{}', max_size=6),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+        st.text(alphabet='k"\\[{', max_size=4), inner, max_size=4), max_leaves=30)
+
+
+@given(value=_JSON_VALUES, chunk=st.integers(1, 40))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_json_depth_equals_the_parsed_depth(value: Any, chunk: int, monkeypatch: Any) -> None:
+    """Any JSON, strings full of quotes, backslashes and brackets, read in
+    chunks of any size (escapes carried across their edges): the depth of
+    what json.loads builds."""
+    monkeypatch.setattr("zerobatch._json._CHUNK", chunk)
+    assert json_depth(json.dumps(value).encode()) == _depth(value)
+
+
 def test_deep_manifests_are_refused(dataset: Path, batches: Path) -> None:
     for folder, opener in ((dataset, stream.open_dataset), (batches, BatchFileReader)):
         (folder / "manifest.json").write_bytes(DEEP)

@@ -54,26 +54,33 @@ def json_depth(data: bytes | bytearray | memoryview) -> int:
     for begin in range(0, raw.shape[0], _CHUNK):
         chunk = raw[begin : begin + _CHUNK]
         n = chunk.shape[0]
-        positions = np.arange(n, dtype=np.int64)
-        # length of the backslash run ending just before each byte
-        last_other = np.maximum.accumulate(np.where(chunk != _BACKSLASH, positions, -1))
-        run_before = np.empty(n, np.int64)
-        run_before[0] = slashes
-        run_before[1:] = positions[:-1] - last_other[:-1]
-        if n > 1:
-            carried = last_other[:-1] < 0  # the run started in an earlier chunk
-            run_before[1:][carried] += slashes
-        quotes = (chunk == _QUOTE) & (run_before % 2 == 0)
-        toggles = np.cumsum(quotes, dtype=np.int64)
-        inside = (toggles % 2 == 1) ^ in_string  # a quote counts as inside: harmless
-        steps = np.where(inside, 0, _OPEN[chunk]).astype(np.int64)
-        levels = depth + np.cumsum(steps)
-        if n:
-            deepest = max(deepest, int(levels.max()))
-            depth = int(levels[-1])
-            in_string ^= int(toggles[-1]) % 2 == 1
+        quotes = chunk == _QUOTE
+        backslashes = chunk == _BACKSLASH
+        if backslashes.any():  # a quote after an odd run of backslashes is escaped
+            positions = np.arange(n, dtype=np.int64)
+            # length of the backslash run ending just before each byte
+            last_other = np.maximum.accumulate(np.where(backslashes, -1, positions))
+            run_before = np.empty(n, np.int64)
+            run_before[0] = slashes
+            run_before[1:] = positions[:-1] - last_other[:-1]
+            if n > 1:
+                carried = last_other[:-1] < 0  # the run started in an earlier chunk
+                run_before[1:][carried] += slashes
+            quotes &= run_before % 2 == 0
             tail = n - 1 - int(last_other[-1])
             slashes = tail + (slashes if last_other[-1] < 0 else 0)
+        else:  # (most files) only a run carried from the chunk before escapes
+            if slashes % 2:
+                quotes[0] = False
+            slashes = 0
+        toggles = np.cumsum(quotes, dtype=np.int32)
+        inside = (toggles & 1).astype(np.bool_) ^ in_string  # a quote counts as inside
+        steps = _OPEN[chunk]
+        steps[inside] = 0
+        levels = np.cumsum(steps, dtype=np.int32)
+        deepest = max(deepest, depth + int(levels.max()))
+        depth += int(levels[-1])
+        in_string ^= int(toggles[-1]) % 2 == 1
     return deepest
 
 
