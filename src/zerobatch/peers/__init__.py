@@ -72,17 +72,29 @@ def open_peer(
     """Open a peer format's files in place (``format`` detected when None; one
     of ``FORMATS``). Reads headers and sizes only; ``FormatError`` names the
     file and field of anything malformed."""
+    found = _open_at(path, format, storage_options, format_options)
+    if found is None:
+        raise FormatError(f"no zerobatch manifest and no known format here (tried "
+                          f"{', '.join(FORMATS)}); pass format= to say which",
+                          path=path, field="format")
+    return found
+
+
+def _open_at(path: str | os.PathLike[str], format: str | None,
+             storage_options: Mapping[str, Any] | None, options: Mapping[str, Any]
+             ) -> PeerDataset | None:
+    """``open_peer``, or None when ``format`` is None and none is detected: one
+    ``Location`` for the detection and the opening (an index read once)."""
     location = locate(path, dict(storage_options or {}))
     try:
         name = format if format is not None else detect(location)
         if name is None:
-            raise FormatError(f"no zerobatch manifest and no known format here (tried "
-                              f"{', '.join(FORMATS)}); pass format= to say which",
-                              path=path, field="format")
+            location.storage.close()
+            return None
         kind = FORMATS.get(name)
         if kind is None:
             raise ValueError(f"unknown format {name!r}; expected one of {', '.join(FORMATS)}")
-        return PeerDataset(kind(location, dict(format_options)))
+        return PeerDataset(kind(location, dict(options)))
     except BaseException:
         location.storage.close()
         raise
@@ -91,13 +103,14 @@ def open_peer(
 class _Formats:
     """What ``zerobatch.stream.open_dataset`` calls to reach the peer formats."""
 
-    def detect_path(self, path: str | os.PathLike[str],
-                    storage_options: Mapping[str, Any] | None) -> str | None:
-        return detect_path(path, storage_options)
-
-    def open(self, path: str | os.PathLike[str], format: str,
-             storage_options: Mapping[str, Any] | None, options: dict[str, Any]) -> Dataset:
-        return open_peer(path, format, storage_options=storage_options, **options)
+    def open(self, path: str | os.PathLike[str], format: str | None,
+             storage_options: Mapping[str, Any] | None, options: dict[str, Any]
+             ) -> Dataset | None:
+        """The peer dataset at ``path`` in ``format`` (None: detected; None
+        when none is)."""
+        if format is not None:
+            return open_peer(path, format, storage_options=storage_options, **options)
+        return _open_at(path, None, storage_options, options)
 
 
 register_peer_formats(_Formats())

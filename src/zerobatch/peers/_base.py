@@ -20,6 +20,7 @@ returns it as an empty row, and windows read past it as if it were not there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from abc import ABC, abstractmethod
@@ -32,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch import _forksafe
+from zerobatch._json import load_json
 from zerobatch._text import format_table
 from zerobatch.columnar import Batch
 from zerobatch.errors import FormatError
@@ -73,6 +75,35 @@ class Location:
     storage: Storage
     names: tuple[str, ...]
     stem: str | None
+    # JSON files read here (read_json): name -> (bytes, parsed), once for every
+    # format's detect and the one that opens
+    parsed: dict[str, tuple[bytes, Any]] = dataclasses.field(default_factory=dict,
+                                                             compare=False, repr=False)
+
+
+MAX_JSON = 1 << 30
+"""Bytes of a peer's JSON file (an MDS or LitData ``index.json``) parsed at most."""
+
+
+def read_json(location: Location, name: str, format: str) -> tuple[bytes, Any]:
+    """``name`` under ``location`` (a format's index): its bytes and their
+    JSON, size and depth capped first (``FormatError`` naming the file, field
+    ``index``); read once per ``Location``."""
+    found = location.parsed.get(name)
+    if found is not None:
+        return found
+    where = join(location.root, name)
+    try:
+        size = location.storage.size(name)
+    except FileNotFoundError:
+        raise FormatError(f"file is missing: not a {format} dataset", path=where,
+                          field="index") from None
+    if size > MAX_JSON:
+        raise FormatError(f"larger than {MAX_JSON} bytes", path=where, field="index")
+    raw = bytes(read_at(location.storage, name, 0, size, path=where, field="index"))
+    found = raw, load_json(raw, path=where, field="index", max_bytes=MAX_JSON)
+    location.parsed[name] = found
+    return found
 
 
 def _listing(storage: Storage, root: str | Path) -> tuple[str, ...]:

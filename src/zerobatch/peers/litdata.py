@@ -35,9 +35,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from zerobatch._json import load_json
 from zerobatch.errors import FormatError
-from zerobatch.peers._base import Location, PeerFiles, PeerShard, checked_offsets, read_at
+from zerobatch.peers._base import (
+    Location,
+    PeerFiles,
+    PeerShard,
+    checked_offsets,
+    read_at,
+    read_json,
+)
 from zerobatch.peers._lookup import Column
 
 __all__ = ["INDEX", "NUMPY_CODES", "TORCH_CODES", "LitDataFiles", "detect"]
@@ -50,22 +56,11 @@ TORCH_CODES: dict[int, np.dtype] = {
 NUMPY_CODES: dict[int, np.dtype] = {
     0: np.dtype("i1"), 1: np.dtype("<i2"), 2: np.dtype("<i4"), 3: np.dtype("<i8"),
     4: np.dtype("u1"), 5: np.dtype("<u2"), 6: np.dtype("<u4"), 7: np.dtype("<u8")}
-_MAX_INDEX = 1 << 30  # bytes of an index.json parsed
 
 
 def read_index(location: Location) -> Any:
     """``index.json`` at ``location``, parsed (size capped first)."""
-    storage, path = location.storage, location.root
-    where = f"{path}/{INDEX}" if isinstance(path, str) else path / INDEX
-    try:
-        size = storage.size(INDEX)
-    except FileNotFoundError:
-        raise FormatError("file is missing: not a LitData dataset", path=where,
-                          field="index") from None
-    if size > _MAX_INDEX:
-        raise FormatError(f"larger than {_MAX_INDEX} bytes", path=where, field="index")
-    raw = read_at(storage, INDEX, 0, size, path=where, field="index")
-    return load_json(raw, path=where, field="index", max_bytes=_MAX_INDEX)
+    return read_json(location, INDEX, "LitData")[1]
 
 
 def detect(location: Location) -> bool:

@@ -1082,9 +1082,9 @@ def open_dataset(
         return open_npy(folder)
     if (storage is None and not native and format is None and _PEERS
             and not _has_manifest(folder, storage_options)):
-        found = _PEERS[0].detect_path(path, storage_options)
+        found = _PEERS[0].open(path, None, storage_options, format_options)  # detected
         if found is not None:
-            return _open_peer(path, found, storage, storage_options, format_options)
+            return found
     if format_options:
         raise TypeError(f"unexpected option(s) {sorted(format_options)} for a zerobatch "
                         "dataset (format options are for the peer formats)")
@@ -1117,13 +1117,11 @@ class PeerFormats(Protocol):
     """How ``open_dataset`` reaches the peer formats (``zerobatch.peers``
     registers itself with ``register_peer_formats`` when imported)."""
 
-    def detect_path(self, path: str | os.PathLike[str],
-                    storage_options: Mapping[str, Any] | None) -> str | None:
-        """The peer format at ``path``, or None."""
-
-    def open(self, path: str | os.PathLike[str], format: str,
-             storage_options: Mapping[str, Any] | None, options: dict[str, Any]) -> Dataset:
-        """``path`` opened as ``format`` with its ``options``."""
+    def open(self, path: str | os.PathLike[str], format: str | None,
+             storage_options: Mapping[str, Any] | None, options: dict[str, Any]
+             ) -> Dataset | None:
+        """``path`` opened as ``format`` with its ``options`` (None: the format
+        detected, and None when there is none)."""
 
 
 _PEERS: list[PeerFormats] = []
@@ -1141,7 +1139,9 @@ def _open_peer(path: str | os.PathLike[str], format: str, storage: Storage | Non
                          "and storage_options, not storage=")
     if not _PEERS:
         raise ValueError(f"format={format!r} needs zerobatch.peers; import it first")
-    return _PEERS[0].open(path, format, storage_options, options)
+    found = _PEERS[0].open(path, format, storage_options, options)
+    assert found is not None  # a format named: opened, or raised
+    return found
 
 
 def _serializer_for(folder: str | Path, manifest: Manifest, metadata: Any) -> Any:
