@@ -14,6 +14,8 @@ from zerobatch.storage import local as local_storage
 # JAX reads these once, when it first starts: 8 CPU devices for the mesh tests.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", "8")
+# No token-count cache (zerobatch.peers._counts) unless a test names one.
+os.environ["ZEROBATCH_CACHE_DIR"] = ""
 
 
 

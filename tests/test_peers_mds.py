@@ -7,6 +7,7 @@ it these tests fail, saying so."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -565,3 +566,124 @@ def test_sample_table_count_equals_the_checked_build(itemsize, data):
     if built[2] == MDS_OK:
         assert tokens[-1] - tokens[0] == built[0]
         np.testing.assert_array_equal(samples[:, 0], offsets[:-1])
+
+
+def _counting_opens(monkeypatch):
+    """A list that grows by the shards of each offsets-table read."""
+    from zerobatch.peers.mds import MDSFiles
+
+    reads: list[int] = []
+    original = MDSFiles._offsets_tables
+
+    def counted(self, shards):
+        reads.extend(shards)
+        return original(self, shards)
+
+    monkeypatch.setattr(MDSFiles, "_offsets_tables", counted)
+    return reads
+
+
+@pytest.mark.parametrize("name", ["plain", "mixed", "bytes", "many"])
+def test_token_counts_cached_open_reads_index_alone(mds, name, tmp_path, monkeypatch):
+    """After one open, the shards' token counts come from the cache: opening
+    reads no offsets table, and every window and document is the same."""
+    monkeypatch.setattr("zerobatch.peers.mds.CACHE_FROM_SAMPLES", 0)
+    folder, samples = mds[name]
+    options = {"dtype": "int64"} if name == "bytes" else {}
+    cache = tmp_path / "cache"
+    reads = _counting_opens(monkeypatch)
+    with open_dataset(folder, cache_dir=cache, **options) as first:
+        assert not first.files._counts_cached and reads
+        counts = [shard.records for shard in first.files.shards]
+    assert len(list((cache / "token-counts").iterdir())) == 1
+    reads.clear()
+    with open_dataset(folder, cache_dir=cache, **options) as ds:
+        assert ds.files._counts_cached and reads == []
+        assert [shard.records for shard in ds.files.shards] == counts
+        check_against(ds, np.concatenate(samples), samples)
+        assert ds.verify() == []
+
+
+def test_token_count_cache_location_and_threshold(mds, tmp_path, monkeypatch):
+    folder, _ = mds["plain"]
+    with open_dataset(folder, cache_dir=tmp_path / "small") as ds:  # under CACHE_FROM_SAMPLES
+        assert not ds.files._counts_cached
+    assert not (tmp_path / "small").exists()
+    monkeypatch.setattr("zerobatch.peers.mds.CACHE_FROM_SAMPLES", 0)
+    monkeypatch.setenv("ZEROBATCH_CACHE_DIR", str(tmp_path / "env"))
+    open_dataset(folder).close()
+    assert len(list((tmp_path / "env" / "token-counts").iterdir())) == 1
+    monkeypatch.delenv("ZEROBATCH_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    open_dataset(folder).close()
+    assert len(list((tmp_path / "xdg" / "zerobatch" / "token-counts").iterdir())) == 1
+    open_dataset(folder, cache_dir=False).close()  # none: nothing more written anywhere
+    monkeypatch.setenv("ZEROBATCH_CACHE_DIR", "")
+    open_dataset(folder).close()
+    assert len(list((tmp_path / "xdg" / "zerobatch" / "token-counts").iterdir())) == 1
+    with pytest.raises(ValueError, match="cache_dir"):
+        open_dataset(folder, cache_dir=3)
+    unwritable = tmp_path / "file"
+    unwritable.write_text("")  # a file where the folder would be: counted, not cached
+    with open_dataset(folder, cache_dir=unwritable) as ds:
+        assert not ds.files._counts_cached and ds.num_documents == len(mds["plain"][1])
+
+
+def test_broken_token_count_cache_is_counted_again(mds, tmp_path, monkeypatch):
+    """A cache file that is not whole and consistent (truncated, a flipped
+    byte, another magic, another shard count) is ignored and rewritten."""
+    monkeypatch.setattr("zerobatch.peers.mds.CACHE_FROM_SAMPLES", 0)
+    folder, samples = mds["mixed"]
+    cache = tmp_path / "cache"
+    open_dataset(folder, cache_dir=cache).close()
+    (path,) = (cache / "token-counts").iterdir()
+    good = path.read_bytes()
+    shards = int.from_bytes(good[8:16], "little")
+    other = good[:8] + (shards + 1).to_bytes(8, "little") + good[16:]
+    for broken in (good[:-1], good[:20], b"", b"ZBCOUNT2" + good[8:], other,
+                   good[:16] + bytes([good[16] ^ 1]) + good[17:]):
+        path.write_bytes(broken)
+        with open_dataset(folder, cache_dir=cache) as ds:
+            assert not ds.files._counts_cached
+            check_against(ds, np.concatenate(samples), samples)
+        assert path.read_bytes() == good
+
+
+def test_token_count_cache_contradicted_by_its_shard(mds, tmp_path, monkeypatch):
+    """Counts the shard's own table contradicts (a shard rewritten under an
+    unchanged index.json and mtime, or a forged cache) raise a FormatError at
+    the shard's first read, naming it and the cache, and remove the cache;
+    a shard rewritten in place (a new mtime) is counted again at opening."""
+    monkeypatch.setattr("zerobatch.peers.mds.CACHE_FROM_SAMPLES", 0)
+    folder, index = _copy(mds, "plain", tmp_path)
+    samples = mds["plain"][1]
+    cache = tmp_path / "cache"
+    with open_dataset(folder, cache_dir=cache) as ds:
+        counts = [shard.records for shard in ds.files.shards]
+        firsts = list(ds.files._values)
+        path = ds.files._count_cache.path
+    shard = 2
+    forged = list(counts)
+    forged[shard] += 1
+    forged[shard + 1] -= 1  # the same total: only the shard's own read can tell
+    ds.files._count_cache.store(forged, firsts)
+    reads = _counting_opens(monkeypatch)
+    with open_dataset(folder, cache_dir=cache) as ds:
+        assert ds.files._counts_cached and reads == []
+        document = sum(entry.documents for entry in ds.files.shards[:shard])
+        with pytest.raises(FormatError, match="token-count cache") as caught:
+            ds.documents().read([document])
+        message = str(caught.value)
+        assert index["shards"][shard]["raw_data"]["basename"] in message
+        assert str(path) in message
+    assert not path.exists()
+    with open_dataset(folder, cache_dir=cache) as ds:  # counted again, right
+        assert not ds.files._counts_cached
+        check_against(ds, np.concatenate(samples), samples)
+    shard_path, raw = _shard(folder, index, shard)
+    shard_path.write_bytes(bytes(raw))  # rewritten in place: a new mtime, a new key
+    os.utime(shard_path, ns=(1, 1))
+    reads.clear()
+    with open_dataset(folder, cache_dir=cache) as ds:
+        assert not ds.files._counts_cached and reads
+    assert len(list((cache / "token-counts").iterdir())) == 2

@@ -41,7 +41,11 @@ shard's sample table (24 bytes a sample, in pages of its own) is built on
 its first read (``prepare``, before its file is opened), so the first
 batch of a corpus of any size costs a few shards' tables. With a fixed
 shape and only fixed-size columns, opening reads ``index.json`` alone, and
-a shard's table is arithmetic. Compression refuses (decompress, or write
+a shard's table is arithmetic. The counts of a corpus of 65,536 samples or
+more are kept in the token-count cache (:mod:`zerobatch.peers._counts`,
+``cache_dir=``): every open after the first reads ``index.json`` alone,
+O(shards), and each shard's first read still checks its count against its
+own table. Compression refuses (decompress, or write
 with ``compression=None``); ``hashes`` are not checked. Samples of a
 dynamic shape are taken as 1-D: each piece read checks its sample header
 (size prefix, ``ndim == 1``, shape), and ``verify`` checks every sample.
@@ -50,6 +54,7 @@ dynamic shape are taken as 1-D: each piece read checks its sample header
 from __future__ import annotations
 
 import mmap
+import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -60,9 +65,16 @@ import numpy as np
 import numpy.typing as npt
 
 from zerobatch import _forksafe
-from zerobatch._json import load_json
 from zerobatch.errors import FormatError
-from zerobatch.peers._base import Location, PeerFiles, PeerShard, local_reader, read_at
+from zerobatch.peers._base import (
+    Location,
+    PeerFiles,
+    PeerShard,
+    local_reader,
+    read_at,
+    read_json,
+)
+from zerobatch.peers._counts import CACHE_FROM_SAMPLES, CountCache
 from zerobatch.peers._index import DocumentTables
 from zerobatch.peers._kernels import (
     COARSE,
@@ -92,7 +104,6 @@ VALUE_DTYPES: dict[str, np.dtype] = {
     "int16": np.dtype("<i2"), "uint32": np.dtype("<u4"), "int32": np.dtype("<i4"),
     "int64": np.dtype("<i8"), "uint64": np.dtype("<u8")}
 """The integer dtypes of MDS's ``ndarray`` encoding (token ids)."""
-_MAX_INDEX = 1 << 30  # bytes of an index.json parsed
 _SHAPE_BYTES = (1, 2, 4, 8)  # shape dtype code -> bytes of each dimension
 _TABLE_BYTES = 4 << 20  # offsets tables read at once when opening from object storage
 _FIXED = {"uint8": 1, "uint16": 2, "uint32": 4, "uint64": 8, "int8": 1, "int16": 2,
@@ -106,16 +117,7 @@ def _index_path(location: Location) -> str | Path:
 
 def read_index(location: Location) -> Any:
     """``index.json`` at ``location``, parsed (size capped first)."""
-    where = _index_path(location)
-    try:
-        size = location.storage.size(INDEX)
-    except FileNotFoundError:
-        raise FormatError("file is missing: not an MDS dataset", path=where,
-                          field="index") from None
-    if size > _MAX_INDEX:
-        raise FormatError(f"larger than {_MAX_INDEX} bytes", path=where, field="index")
-    raw = read_at(location.storage, INDEX, 0, size, path=where, field="index")
-    return load_json(raw, path=where, field="index", max_bytes=_MAX_INDEX)
+    return read_json(location, INDEX, "MDS")[1]
 
 
 def detect(location: Location) -> bool:
@@ -232,22 +234,43 @@ def _pages(samples: int, path: str | Path) -> tuple[npt.NDArray[np.int64], ...]:
     return tokens, rest[:sizes[1]].reshape(samples, 2), rest[sizes[1]:]
 
 
+_COLUMN_FIELDS = ("format", "version", "compression", "zip_data", "column_names",
+                  "column_encodings", "column_sizes")  # what _layout_of reads of an entry
+
+
+def _columns_key(entry: Any) -> tuple[Any, ...] | None:
+    """What ``MDSFiles._layout_of`` reads of a shard entry, hashable (None:
+    not an object of plain values): entries with one key share one check."""
+    if not isinstance(entry, dict):
+        return None
+    key = tuple(tuple(v) if isinstance(v, list) else v
+                for v in (entry.get(name) for name in _COLUMN_FIELDS))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 class MDSFiles(PeerFiles):
     """The shards of an MDS dataset with an integer ``ndarray`` token column
     (see the module docstring). Options: ``column=``, the token column when
     there is more than one integer ``ndarray`` column; ``dtype=``, to read a
-    ``bytes`` column as tokens of that dtype."""
+    ``bytes`` column as tokens of that dtype; ``cache_dir=``, the token-count
+    cache's folder (``False``: none; default ``$ZEROBATCH_CACHE_DIR``, else
+    ``~/.cache/zerobatch``; see :mod:`zerobatch.peers._counts`)."""
 
     format = "mds"
     scattered = True
 
     def __init__(self, location: Location, options: dict[str, Any]) -> None:
         super().__init__(location, options)
-        unknown = set(options) - {"column", "dtype"}
+        unknown = set(options) - {"column", "dtype", "cache_dir"}
         if unknown:
-            raise TypeError(f"MDS takes only column= and dtype=, got {sorted(unknown)}")
+            raise TypeError(f"MDS takes only column=, dtype= and cache_dir=, got "
+                            f"{sorted(unknown)}")
         self._where = _index_path(location)
-        raw = read_index(location)
+        index_bytes, raw = read_json(location, INDEX, "MDS")
         if not isinstance(raw, dict) or not isinstance(raw.get("shards"), list):
             raise self._fail("expected an object with shards (a list)", "index")
         if raw.get("version") != 2:
@@ -255,6 +278,7 @@ class MDSFiles(PeerFiles):
         entries: list[Any] = raw["shards"]
         self._layout = self._choose(entries, options.get("column"), options.get("dtype"))
         self.dtype = self._layout.dtype
+        self._counts_cached = False  # whether the shards' token counts came from the cache
         names = set(location.names)
         self._lock = _forksafe.lock()
         self._tables: dict[int, _Table] = {}
@@ -277,10 +301,28 @@ class MDSFiles(PeerFiles):
         self._variable = np.array(self._layout.variable, np.int64)
         self._fixed_first = np.array([size - n * sample for size, n in
                                       zip(self._bytes, self._samples, strict=True)], np.int64)
+        modified = self._modified()
+        self._count_cache = CountCache(
+            options.get("cache_dir") if modified is not None else False, "mds",
+            (index_bytes, repr(self._layout).encode(), modified or b""))
         records = self._records()
         self.shards = tuple(
             PeerShard(name, self._first_value(i), records[i], self._samples[i], name)
             for i, name in enumerate(files))
+
+    def _modified(self) -> bytes | None:
+        """Each local shard file's modification time (ns), part of the count
+        cache's key: a shard rewritten in place is counted again (None: a
+        file that cannot be stat'ed, no cache). Object stores' shards are
+        immutable objects: their key is index.json's."""
+        if not isinstance(self.storage, LocalStorage):
+            return b""
+        try:
+            root = str(self.location.root)
+            return np.array([os.stat(os.path.join(root, name)).st_mtime_ns
+                             for name in self._files], np.int64).tobytes()
+        except OSError:
+            return None
 
     # -- index.json ---------------------------------------------------------
 
@@ -290,8 +332,14 @@ class MDSFiles(PeerFiles):
     def _choose(self, entries: list[Any], column: Any, dtype: Any) -> _Layout:
         """The token column's layout, the same in every shard."""
         layout: _Layout | None = None
+        seen: dict[Any, _Layout] = {}  # an entry's column fields -> their checked layout
         for i, entry in enumerate(entries):
-            found = self._layout_of(i, entry, column, dtype)
+            key = _columns_key(entry)
+            found = seen.get(key) if key is not None else None
+            if found is None:  # (most corpora: the first entry alone)
+                found = self._layout_of(i, entry, column, dtype)
+                if key is not None:
+                    seen[key] = found
             if layout is not None and found != layout:
                 raise self._fail("columns differ from shards[0]'s; MDS writes one set of "
                                  "columns per dataset", f"shards[{i}].column_encodings")
@@ -459,13 +507,21 @@ class MDSFiles(PeerFiles):
                         f"{layout.fixed_sample} bytes", path=self.path(self._files[i]),
                         field="bytes")
             return [n * per for n in self._samples]
-        records, self._values = [], []
-        local = isinstance(self.storage, LocalStorage)  # a read each: one table at a time
-        for group in _groups(self._header_bytes, 0 if local else _TABLE_BYTES):
-            for s, offsets in zip(group, self._offsets_tables(group), strict=True):
-                total, first = self._sample_table(s, offsets)
-                records.append(total)
-                self._values.append(first)
+        cache = self._count_cache if sum(self._samples) >= CACHE_FROM_SAMPLES else None
+        found = None if cache is None else cache.load(len(self._samples))
+        if found is not None:
+            records, self._values = found
+            self._counts_cached = True
+        else:
+            records, self._values = [], []
+            local = isinstance(self.storage, LocalStorage)  # a read each: one table at a time
+            for group in _groups(self._header_bytes, 0 if local else _TABLE_BYTES):
+                for s, offsets in zip(group, self._offsets_tables(group), strict=True):
+                    total, first = self._sample_table(s, offsets)
+                    records.append(total)
+                    self._values.append(first)
+            if cache is not None:
+                cache.store(records, self._values)
         counts = np.array(self._samples, np.int64)
         starts = np.zeros(counts.shape[0] + 1, np.int64)
         np.cumsum(counts, out=starts[1:])
@@ -606,15 +662,28 @@ class MDSFiles(PeerFiles):
             for s, offsets in zip(wanted, self._offsets_tables(wanted) if wanted else [],
                                   strict=True):
                 a, b = int(table.shard_samples[s]), int(table.shard_samples[s + 1])
-                total, _ = self._sample_table(s, offsets, table.tokens[a:b + 1],
-                                              table.samples[a:b])
-                if total != self.shards[s].records:
-                    raise FormatError("the shard changed since it was opened",
-                                      path=self.path(self._files[s]), field="samples")
+                total, first = self._sample_table(s, offsets, table.tokens[a:b + 1],
+                                                  table.samples[a:b])
+                if total != self.shards[s].records or (b > a and first != self._values[s]):
+                    raise self._changed(s, total)
                 first, last = -(-a // COARSE), b // COARSE + 1  # its entries' coarse ones
                 table.coarse[first:last] = table.tokens[first * COARSE:b + 1:COARSE]
                 ready[s] = True
                 self._unready -= 1
+
+    def _changed(self, shard: int, total: int) -> FormatError:
+        """The error of a shard whose tokens are not the count it opened with
+        (the cache file, when the count came from it, removed)."""
+        path = self.path(self._files[shard])
+        if not self._counts_cached:
+            return FormatError("the shard changed since it was opened", path=path,
+                               field="samples")
+        self._count_cache.forget()
+        return FormatError(
+            f"the shard has {total} tokens, the token-count cache "
+            f"{self._count_cache.path} gave {self.shards[shard].records}: it was "
+            "rewritten under an unchanged index.json; the cache file is removed, open the "
+            "dataset again", path=path, field="samples")
 
     def _fixed_table(self, shard: int) -> _Table:
         """A shard's table when every sample has the same size (no read)."""
