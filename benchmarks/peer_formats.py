@@ -21,7 +21,9 @@ environment, tests/support/mds_env.py, built once), and zerobatch's own
    ``open_dataset`` + ``Loader`` over ``windows(2048, document_masking=True)``
    (positions and ``cu_seqlens``: document offsets looked up) + ``next``, in
    a process started after one that ran the same (which compiles what the
-   Numba cache lacks, as a user's first run on a machine does). Megatron:
+   Numba cache lacks, as a user's first run on a machine does, and caches
+   MDS's token counts, ``zerobatch.peers._counts``: MDS is also timed with
+   ``cache_dir=False``, its counts derived from every sample). Megatron:
    ``IndexedDataset`` + ``GPTDataset`` (building its document, sample and
    shuffle indices, in a fresh cache folder) + a ``DataLoader`` batch.
    datatrove: ``DatatroveFolderDataset`` + a shuffled ``DataLoader`` batch.
@@ -184,14 +186,14 @@ def _write_native(folder: Path, values: np.ndarray, starts: np.ndarray,
 
 # ------------------------------------------------------------------ runners (child code)
 
-def _zerobatch_first(path: Path, fmt: str) -> str:
+def _zerobatch_first(path: Path, fmt: str, options: str = "") -> str:
     return f'''
 import zerobatch
 from zerobatch import Loader, open_dataset
 def first():
     open("/proc/self/clear_refs", "w").write("5")  # VmHWM restarts from VmRSS
     before, mapped = rss("VmRSS"), rss("RssFile"); t = time.perf_counter()
-    ds = open_dataset({str(path)!r})
+    ds = open_dataset({str(path)!r}{options})
     source = (ds.windows({SEQ}, document_masking=True) if {fmt!r} != "docs"
               else ds.documents())
     batch = next(iter(Loader(source, {BATCH}, seed=1, output="numpy")))
@@ -392,6 +394,8 @@ def main() -> None:
     if args.formats:
         formats = [*dict.fromkeys([*args.formats.split(","), "native"])]
     paths = build(root / f"{tokens}", tokens, formats)
+    # MDS's token counts (zerobatch.peers._counts): cached here, not in the user's cache
+    os.environ["ZEROBATCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="zb-counts-")
     print(f"tokens {tokens:,}, seq_len {SEQ}, batch {BATCH}; load {os.getloadavg()}")
     touch, random_touch = _mapped_per_touch(paths["native"])
     print(f"page cache this kernel maps a process per 4 KiB first touched in a warm file: "
@@ -414,7 +418,13 @@ def main() -> None:
         if name == "mds":  # its first batch and rate in one run of its environment
             warm(path)
             mds_rate = _mds(path, args.seconds)
-        run(_zerobatch_first(path, mode), path)  # compiles what the cache lacks: not timed
+            # zerobatch with MDS's token counts derived from every sample: no count cache
+            run(_zerobatch_first(path, mode, ", cache_dir=False"), path)  # compiles: not timed
+            uncached = run(_zerobatch_first(path, mode, ", cache_dir=False"), path)
+            print(f"{name:<10} {'zerobatch Loader, cold, no cache':<34} {uncached['s']:>9.4f} "
+                  f"{uncached['rss'] / 2**20:>14.1f}   (mapped file pages "
+                  f"{uncached['file'] / 2**20:.1f})", flush=True)
+        run(_zerobatch_first(path, mode), path)  # compiles, counts MDS's tokens: not timed
         ours = run(_zerobatch_first(path, mode), path)
         first[name] = ours
         print(f"{name:<10} {'zerobatch Loader, cold':<34} {ours['s']:>9.4f} "
