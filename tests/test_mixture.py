@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,45 @@ def test_step_blocks_kept_between_calls_answer_as_fresh(case: Any, data: Any) ->
                                                   fresh[table_at][present])
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mixtures(max_sources=8), st.data())
+def test_steps_read_from_a_blocks_run_equal_the_pure_order(case: Any, data: Any) -> None:
+    """A mixture's reads of steps (evenly spaced positions, a rank's: their
+    block's run observed once and kept, ``Mixture._step_run``) and of
+    positions that only look like one, in any order: each row is what the
+    pure order places there; a bounded mixture's last steps read, and reads
+    past its end raise."""
+    lengths, stages, seed = case
+    sources = _sources([min(n, 300) for n in lengths])
+    length = stages[-1].start + data.draw(st.integers(1, 3_000))
+    mixture = Mixture(sources, [(s.start, s.weights) for s in stages], seed=seed % 2**63,
+                      length=length, block_size=stages[0].block_size)
+    order = mixture.order
+    for _ in range(data.draw(st.integers(1, 10))):
+        stride = data.draw(st.integers(1, 9))
+        count = data.draw(st.integers(1, 80))
+        first = data.draw(st.integers(0, length - 1))
+        positions = np.arange(first, first + stride * count, stride, dtype=np.int64)
+        positions = positions[positions < length]
+        shape = data.draw(st.sampled_from(["step", "one changed", "reversed"]))
+        if shape == "one changed" and positions.shape[0] > 2:
+            positions[data.draw(st.integers(1, positions.shape[0] - 2))] = data.draw(
+                st.integers(0, length - 1))
+        elif shape == "reversed":
+            positions = positions[::-1].copy()
+        expected_sources, _, expected_index = order.observations(positions)
+        batch = mixture.read(positions)
+        assert batch["source"].tolist() == expected_sources.tolist()
+        assert batch["index"].tolist() == expected_index.tolist()
+    bounded = Mixture(sources, [(s.start, s.weights) for s in stages], seed=seed % 2**63,
+                      max_passes=1, block_size=stages[0].block_size)
+    stop = len(bounded)
+    with pytest.raises(IndexError):
+        bounded.read(np.arange(stop - 1, stop + 40, dtype=np.int64))
+    tail = np.arange(max(0, stop - 40), stop, dtype=np.int64)
+    assert bounded.read(tail)["index"].tolist() == order.observations(tail)[2].tolist()
+
+
 def test_positions_out_of_order_past_the_step_blocks():
     """Positions that do not ascend: the first and the last in one block, one
     between them in the next. The step kernels had read it from the first
@@ -458,6 +498,41 @@ def test_through_the_loader_with_threads(corpora: list[Path]) -> None:
         assert sorted(received) == list(range(len(received)))
         assert [received[p][0] for p in sorted(received)] == expected_sources[
             :len(received)].tolist()
+
+
+@pytest.mark.parametrize("masking", [False, True])
+def test_steps_from_a_blocks_run_read_their_windows(corpora: list[Path], masking: bool) -> None:
+    """Windows of local datasets read a step's rows gathered from its block's
+    run (``Mixture._step_run``, one call with the read): through the Loader,
+    with reader threads and two ranks, every row is the window the pure order
+    names, with its document columns."""
+    sources = {f"c{i}": open_dataset(p).windows(8, document_masking=masking)
+               for i, p in enumerate(corpora)}
+    mix = Mixture(sources, {"c0": 0.2, "c1": 0.5, "c2": 0.3}, seed=5, length=3_000,
+                  block_size=512)
+    expected_sources, expected_index = mix.locate(np.arange(len(mix)))
+    windows = [sources[f"c{i}"] for i in range(3)]
+    for world_size in (1, 2):
+        seen = []
+        for rank in range(world_size):
+            loader = Loader(mix, 16, rank=rank, world_size=world_size, num_threads=2,
+                            output="batch")
+            for batch in loader:
+                positions = batch.meta.global_indexes
+                seen += positions.tolist()
+                np.testing.assert_array_equal(batch["source"], expected_sources[positions])
+                for row, position in enumerate(positions.tolist()):
+                    want = windows[int(expected_sources[position])].read(
+                        [expected_index[position]])
+                    for name in ("input_ids", "labels", *(("position_ids",) if masking else ())):
+                        np.testing.assert_array_equal(batch[name][row], want[name][0])
+        assert mix._runs and mix._runs[0][0] == world_size  # the run path was taken
+        assert sorted(seen) == list(range(len(seen)))
+    clone = pickle.loads(pickle.dumps(mix))  # without the kept runs and their lock
+    assert clone._runs == ()
+    step = np.arange(512, 528, dtype=np.int64)
+    for name in ("source", "input_ids"):
+        np.testing.assert_array_equal(clone.read(step)[name], mix.read(step)[name])
 
 
 def test_through_loader_dataset_with_two_workers() -> None:

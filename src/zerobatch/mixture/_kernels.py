@@ -25,6 +25,9 @@ __all__ = [
     "block_keys",
     "block_layout",
     "extras_before",
+    "gather_read_rows",
+    "gather_read_rows_segments",
+    "gather_run",
     "observe_read_rows",
     "observe_read_rows_segments",
     "observe_rows",
@@ -322,6 +325,27 @@ def observe_rows(positions: np.ndarray, start: int, end: int, size: int, block: 
     return -1, -1
 
 
+@njit(nogil=True, cache=True)
+def gather_run(positions: np.ndarray, first: int, stride: int, sources: np.ndarray,
+               index: np.ndarray, observed: np.ndarray, column: np.ndarray) -> bool:
+    """Each position's source and observation (``observed[0]``, ``observed[1]``,
+    and the source again as the int32 ``column``) from a run observed at once:
+    ``sources[j]`` and ``index[j]`` of position ``first + stride * j``. False,
+    with ``observed`` incomplete, when a position is not in the run."""
+    count = sources.shape[0]
+    for b in range(positions.shape[0]):
+        offset = positions[b] - first
+        if offset < 0 or offset % stride:
+            return False
+        j = offset // stride
+        if j >= count:
+            return False
+        observed[0, b] = sources[j]
+        observed[1, b] = index[j]
+        column[b] = sources[j]
+    return True
+
+
 NOT_PLANNED = -2
 """What :func:`observe_read_rows` returns first when it did not read: a
 position lies outside the step's blocks, or past its source's pass limit."""
@@ -388,6 +412,45 @@ def observe_read_rows_segments(
                                   layout1, passes1, keys1, order, observed, column)
     if outside >= 0 or over >= 0:
         return NOT_PLANNED, outside, over, 1, 0, 0, -1
+    return read_window_rows_segments(sources, indices, table, n, shard_starts, live, bases,
+                                     row, fds, addresses, sizes, use_pread, seq_len, inputs, labels,
+                                     shift, bounds, docs, out)
+
+
+@njit(nogil=True, cache=True)
+def gather_read_rows(positions: np.ndarray, first: int, stride: int, run_sources: np.ndarray,
+                     run_index: np.ndarray, observed: np.ndarray, column: np.ndarray,
+                     sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
+                     shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray,
+                     row: np.ndarray, fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
+                     use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+                     shift: int, bounds: np.ndarray) -> tuple[int, int, int, int, int, int, int]:
+    """:func:`gather_run` into ``observed`` and ``column``, then
+    :func:`zerobatch.stream._kernels.read_window_rows` of those rows
+    (``sources`` and ``indices`` are ``observed``'s two rows): a step read
+    from its block's run in one call. Returns what ``read_window_rows``
+    returns, or ``(NOT_PLANNED, ...)`` when a position is not in the run
+    (nothing read)."""
+    if not gather_run(positions, first, stride, run_sources, run_index, observed, column):
+        return NOT_PLANNED, -1, -1, 1, 0, 0, -1
+    return read_window_rows(sources, indices, table, n, shard_starts, live, bases, row, fds,
+                            addresses, sizes, use_pread, seq_len, inputs, labels, shift, bounds)
+
+
+@njit(nogil=True, cache=True)
+def gather_read_rows_segments(
+    positions: np.ndarray, first: int, stride: int, run_sources: np.ndarray,
+    run_index: np.ndarray, observed: np.ndarray, column: np.ndarray,
+    sources: np.ndarray, indices: np.ndarray, table: np.ndarray, n: int,
+    shard_starts: np.ndarray, live: np.ndarray, bases: np.ndarray, row: np.ndarray,
+    fds: np.ndarray, addresses: np.ndarray, sizes: np.ndarray,
+    use_pread: bool, seq_len: int, inputs: np.ndarray, labels: np.ndarray,
+    shift: int, bounds: np.ndarray, docs: np.ndarray, out: tuple,
+) -> tuple[int, int, int, int, int, int, int]:
+    """:func:`gather_read_rows` with the document columns
+    (:func:`zerobatch.stream._kernels.read_window_rows_segments`)."""
+    if not gather_run(positions, first, stride, run_sources, run_index, observed, column):
+        return NOT_PLANNED, -1, -1, 1, 0, 0, -1
     return read_window_rows_segments(sources, indices, table, n, shard_starts, live, bases,
                                      row, fds, addresses, sizes, use_pread, seq_len, inputs, labels,
                                      shift, bounds, docs, out)

@@ -467,6 +467,19 @@ class MixtureOrder:
                       begin + ahead * stage.block_size, end, tail)
         return (positions, *tail)
 
+    def block_run(self, first: int, stride: int, stop: int) -> npt.NDArray[np.int64] | None:
+        """The positions of ``first``'s block (of its stage, below ``stop``)
+        that are ``first`` modulo ``stride``, ascending: the ones a rank's steps
+        read there (``Plan``: a rank's positions are ``world_size`` apart), or
+        None when ``first`` is not in ``[0, stop)``."""
+        if not 0 <= first < stop or stride < 1:
+            return None
+        stage, t = self._stage(first)
+        end = self._stages[t + 1].start if t + 1 < len(self._stages) else stop
+        begin = stage.start + (first - stage.start) // stage.block_size * stage.block_size
+        end = min(end, stop, begin + stage.block_size)
+        return np.arange(begin + (first - begin) % stride, end, stride, dtype=np.int64)
+
     def _observe_blocks(self, positions: npt.NDArray[np.int64], table: npt.NDArray[np.int64],
                         stop: int, out: npt.NDArray[np.int64]) -> int | None:
         """:meth:`observe` by ``_kernels.observe_rows`` when the positions are
