@@ -257,6 +257,29 @@ def test_reserve_descriptors_grows_the_table_once() -> None:
     assert len(os.listdir("/proc/self/fd")) < grown  # the probes were closed
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(),
+                    reason="reads FDSize from /proc/self/status")
+def test_reserve_descriptors_soon_grows_the_table_in_a_thread() -> None:
+    """A mixture of many local sources grows the table in a daemon thread
+    while it is built; under 64 files no thread starts."""
+    import threading
+
+    from zerobatch.storage.local import reserve_descriptors_soon
+
+    def growers() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "zerobatch-descriptors"]
+
+    for thread in growers():
+        thread.join()
+    reserve_descriptors_soon(63)
+    assert growers() == []
+    wanted = _table_size() + 500
+    reserve_descriptors_soon(wanted)
+    for thread in growers():
+        thread.join(timeout=30)
+    assert _table_size() >= wanted
+
+
 def test_unknown_method(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="method must be one of 'auto', 'pread', 'mmap', "
                                          "got 'direct'"):

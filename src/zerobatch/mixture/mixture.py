@@ -86,6 +86,7 @@ from zerobatch.mixture.order import (
 )
 from zerobatch.shuffle import MAX_LENGTH
 from zerobatch.source import fingerprint, read_indices
+from zerobatch.storage.local import reserve_descriptors_soon
 from zerobatch.stream.many import ManyWindows
 from zerobatch.varlen import Columns, row_columns
 
@@ -173,6 +174,7 @@ class Mixture:
             raise ValueError(f"sources must be a non-empty mapping of names to sources, "
                              f"got {type(sources).__name__}")
         lengths: dict[str, int] = {}
+        local = 0  # sources of local files (their first batch opens ~one file each)
         for name, source in sources.items():
             if not isinstance(name, str) or not name:
                 raise ValueError(f"sources: names must be non-empty strs, got {name!r}")
@@ -189,6 +191,9 @@ class Mixture:
             lengths[name] = observations = len(source)  # (not `length`: the argument)
             if observations < 1:
                 raise ValueError(f"sources[{name!r}] has no observations")
+            local += getattr(source, "reads_wait", True) is False
+        # the descriptor table grown for their files while the mixture is built
+        reserve_descriptors_soon(local)
         size = (DEFAULT_BLOCK_SIZE if block_size is None
                 else _int("block_size", block_size, high=MAX_BLOCK_SIZE))
         stages = _stages(weights, size)

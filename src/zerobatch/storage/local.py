@@ -61,6 +61,7 @@ import mmap
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -86,7 +87,7 @@ except ImportError:  # not a Unix
 __all__ = [
     "MAP_FROM", "METHODS", "MOUNTINFO", "NETWORK_FILE_SYSTEMS", "LocalStorage", "check_status",
     "file_system_type", "is_network", "mapped_records", "prefetch_request", "read_request",
-    "reserve_descriptors", "resolve_method",
+    "reserve_descriptors", "reserve_descriptors_soon", "resolve_method",
 ]
 
 Method = Literal["auto", "pread", "mmap"]
@@ -431,6 +432,17 @@ def reserve_descriptors(count: int) -> None:
         os.close(high)
     finally:
         os.close(probe)
+
+
+def reserve_descriptors_soon(count: int) -> None:
+    """``reserve_descriptors(count)`` in a daemon thread, so that its wait (an
+    RCU grace period, 5-15 ms here) passes while the caller goes on: e.g.
+    while a mixture of thousands of local datasets is built, before its first
+    batch opens their files (an ``open`` meanwhile waits for the growth, as
+    it would have made it). A no-op under 64 files."""
+    if count >= 64 and fcntl_module is not None:
+        threading.Thread(target=reserve_descriptors, args=(count,), daemon=True,
+                         name="zerobatch-descriptors").start()
 
 
 _T = TypeVar("_T")
