@@ -64,19 +64,25 @@ def _folder(cache_dir: Any) -> Path | None:
 
 
 class CountCache:
-    """The cached counts of one corpus: ``load`` them, ``store`` them once
-    counted, ``forget`` them when a shard contradicts them.
+    """The cached counts of one corpus: ``key`` it, ``load`` them, ``store``
+    them once counted, ``forget`` them when a shard contradicts them.
+    ``cache_dir`` is checked when it is built (``ValueError``)."""
 
-    ``key_parts``: what the counts are a function of (the bytes of the
-    corpus's index and the reader's options), hashed into the file name."""
+    def __init__(self, cache_dir: Any, format: str) -> None:
+        self._folder = _folder(cache_dir)
+        self._format = format
+        self.path: Path | None = None  # the cache file, once keyed (None: no cache)
 
-    def __init__(self, cache_dir: Any, format: str, key_parts: tuple[bytes, ...]) -> None:
-        folder = _folder(cache_dir)
+    def key(self, *parts: bytes) -> None:
+        """Name the cache file by what the counts are a function of (the bytes
+        of the corpus's index, the reader's layout, the files' mtimes)."""
+        if self._folder is None:
+            return
         digest = hashlib.blake2b(digest_size=16)
-        for part in (format.encode(), *key_parts):
+        for part in (self._format.encode(), *parts):
             digest.update(len(part).to_bytes(8, "little"))
             digest.update(part)
-        self.path = None if folder is None else folder / f"{format}-{digest.hexdigest()}.bin"
+        self.path = self._folder / f"{self._format}-{digest.hexdigest()}.bin"
 
     def load(self, shards: int) -> tuple[list[int], list[int]] | None:
         """Each shard's tokens and first value byte, or None (no cache file,

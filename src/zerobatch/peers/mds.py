@@ -278,6 +278,7 @@ class MDSFiles(PeerFiles):
         entries: list[Any] = raw["shards"]
         self._layout = self._choose(entries, options.get("column"), options.get("dtype"))
         self.dtype = self._layout.dtype
+        self._count_cache = CountCache(options.get("cache_dir"), "mds")  # (keyed by _records)
         self._counts_cached = False  # whether the shards' token counts came from the cache
         names = set(location.names)
         self._lock = _forksafe.lock()
@@ -301,11 +302,7 @@ class MDSFiles(PeerFiles):
         self._variable = np.array(self._layout.variable, np.int64)
         self._fixed_first = np.array([size - n * sample for size, n in
                                       zip(self._bytes, self._samples, strict=True)], np.int64)
-        modified = self._modified()
-        self._count_cache = CountCache(
-            options.get("cache_dir") if modified is not None else False, "mds",
-            (index_bytes, repr(self._layout).encode(), modified or b""))
-        records = self._records()
+        records = self._records(index_bytes)
         self.shards = tuple(
             PeerShard(name, self._first_value(i), records[i], self._samples[i], name)
             for i, name in enumerate(files))
@@ -490,12 +487,15 @@ class MDSFiles(PeerFiles):
 
     # -- per-shard tables ------------------------------------------------------
 
-    def _records(self) -> list[int]:
+    def _records(self, index_bytes: bytes) -> list[int]:
         """Tokens of every shard: from the layout alone with a fixed sample size,
         else from every shard's offsets table (and with several variable-size
         columns every sample's size prefix), each checked whole by
         ``mds_sample_table``: O(samples) small reads, a few MiB at a time, and
-        no table kept (``prepare`` builds a shard's on its first read)."""
+        no table kept (``prepare`` builds a shard's on its first read). With
+        ``CACHE_FROM_SAMPLES`` samples or more, the counts come from the
+        token-count cache when it has them (keyed by ``index_bytes``, the
+        layout and the shards' mtimes), and go to it when counted."""
         layout = self._layout
         if layout.fixed_sample is not None:
             assert layout.shape is not None  # a fixed sample has a fixed token shape
@@ -507,7 +507,11 @@ class MDSFiles(PeerFiles):
                         f"{layout.fixed_sample} bytes", path=self.path(self._files[i]),
                         field="bytes")
             return [n * per for n in self._samples]
-        cache = self._count_cache if sum(self._samples) >= CACHE_FROM_SAMPLES else None
+        cache = None
+        modified = self._modified() if sum(self._samples) >= CACHE_FROM_SAMPLES else None
+        if modified is not None:
+            self._count_cache.key(index_bytes, repr(self._layout).encode(), modified)
+            cache = self._count_cache if self._count_cache.path is not None else None
         found = None if cache is None else cache.load(len(self._samples))
         if found is not None:
             records, self._values = found
