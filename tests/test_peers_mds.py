@@ -186,6 +186,9 @@ def test_hostile_index(mds, tmp_path):
         (lambda x: x["shards"][0].update(samples=-1), r"shards\[0\].samples"),
         (lambda x: x["shards"][0].update(column_sizes=[8, None]), "column_names"),
         (lambda x: x["shards"][0].update(column_sizes=[4, None, None]), r"column_sizes\[0\]"),
+        # equal to shards[0]'s by == (8.0 == 8), yet no size in bytes: refused
+        (lambda x: x["shards"][1].update(column_sizes=[8.0, None, None]),
+         r"shards\[1\].column_sizes\[0\]"),
         (lambda x: x["shards"][1].update(column_encodings=["int64", "str", "ndarray:int16"]),
          r"shards\[1\].column_encodings"),
         (lambda x: [s.update(column_encodings=["int64", "str", "str"]) for s in x["shards"]],

@@ -54,7 +54,6 @@ dynamic shape are taken as 1-D: each piece read checks its sample header
 from __future__ import annotations
 
 import mmap
-import os
 import platform
 import sys
 from dataclasses import dataclass
@@ -238,20 +237,6 @@ _COLUMN_FIELDS = ("format", "version", "compression", "zip_data", "column_names"
                   "column_encodings", "column_sizes")  # what _layout_of reads of an entry
 
 
-def _columns_key(entry: Any) -> tuple[Any, ...] | None:
-    """What ``MDSFiles._layout_of`` reads of a shard entry, hashable (None:
-    not an object of plain values): entries with one key share one check."""
-    if not isinstance(entry, dict):
-        return None
-    key = tuple(tuple(v) if isinstance(v, list) else v
-                for v in (entry.get(name) for name in _COLUMN_FIELDS))
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    return key
-
-
 class MDSFiles(PeerFiles):
     """The shards of an MDS dataset with an integer ``ndarray`` token column
     (see the module docstring). Options: ``column=``, the token column when
@@ -292,6 +277,7 @@ class MDSFiles(PeerFiles):
         self._documents_table: DocumentTables | None = None
         self._samples: list[int] = []
         self._bytes: list[int] = []
+        self._mtimes: list[int] = []  # local shards' (ns): the token-count cache's key
         files = []
         for i, entry in enumerate(entries):
             files.append(self._shard_file(i, entry, names))
@@ -307,19 +293,14 @@ class MDSFiles(PeerFiles):
             PeerShard(name, self._first_value(i), records[i], self._samples[i], name)
             for i, name in enumerate(files))
 
-    def _modified(self) -> bytes | None:
-        """Each local shard file's modification time (ns), part of the count
-        cache's key: a shard rewritten in place is counted again (None: a
-        file that cannot be stat'ed, no cache). Object stores' shards are
-        immutable objects: their key is index.json's."""
+    def _modified(self) -> bytes:
+        """Each local shard file's modification time (ns, from the stat that
+        checked its size), part of the count cache's key: a shard rewritten
+        in place is counted again. Object stores' shards are immutable
+        objects: their key is index.json's."""
         if not isinstance(self.storage, LocalStorage):
             return b""
-        try:
-            root = str(self.location.root)
-            return np.array([os.stat(os.path.join(root, name)).st_mtime_ns
-                             for name in self._files], np.int64).tobytes()
-        except OSError:
-            return None
+        return np.array(self._mtimes, np.int64).tobytes()
 
     # -- index.json ---------------------------------------------------------
 
@@ -329,14 +310,17 @@ class MDSFiles(PeerFiles):
     def _choose(self, entries: list[Any], column: Any, dtype: Any) -> _Layout:
         """The token column's layout, the same in every shard."""
         layout: _Layout | None = None
-        seen: dict[Any, _Layout] = {}  # an entry's column fields -> their checked layout
+        checked: list[Any] | None = None  # the column fields of the last entry checked
         for i, entry in enumerate(entries):
-            key = _columns_key(entry)
-            found = seen.get(key) if key is not None else None
-            if found is None:  # (most corpora: the first entry alone)
-                found = self._layout_of(i, entry, column, dtype)
-                if key is not None:
-                    seen[key] = found
+            fields: list[Any] | None = None
+            if isinstance(entry, dict):
+                fields = [entry.get(name) for name in _COLUMN_FIELDS]
+                if (fields == checked  # (most corpora: every entry): already checked
+                        and type(fields[1]) is int  # (== takes True for 1 and 2.0 for 2)
+                        and all(size is None or type(size) is int for size in fields[-1])):
+                    continue
+            found = self._layout_of(i, entry, column, dtype)
+            checked = fields
             if layout is not None and found != layout:
                 raise self._fail("columns differ from shards[0]'s; MDS writes one set of "
                                  "columns per dataset", f"shards[{i}].column_encodings")
@@ -472,7 +456,12 @@ class MDSFiles(PeerFiles):
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise self._fail(f"expected a size in bytes, found {size!r:.40}",
                              f"{where}.raw_data.bytes")
-        actual = int(self.storage.size(name))
+        if isinstance(self.storage, LocalStorage):  # the size and the mtime in one stat
+            status = self.storage.stat(name)
+            actual = status.st_size
+            self._mtimes.append(status.st_mtime_ns)
+        else:
+            actual = int(self.storage.size(name))
         if actual != size:
             raise FormatError(f"index.json gives {size} bytes, the file has {actual}; "
                               "truncated or not fully written?", path=self.path(name),
@@ -508,9 +497,8 @@ class MDSFiles(PeerFiles):
                         field="bytes")
             return [n * per for n in self._samples]
         cache = None
-        modified = self._modified() if sum(self._samples) >= CACHE_FROM_SAMPLES else None
-        if modified is not None:
-            self._count_cache.key(index_bytes, repr(self._layout).encode(), modified)
+        if sum(self._samples) >= CACHE_FROM_SAMPLES:
+            self._count_cache.key(index_bytes, repr(self._layout).encode(), self._modified())
             cache = self._count_cache if self._count_cache.path is not None else None
         found = None if cache is None else cache.load(len(self._samples))
         if found is not None:
