@@ -5,8 +5,9 @@ MDS records no token counts: a shard's count comes from its offsets table,
 4 bytes a sample, so opening is O(samples): 4 MB and ~6 ms at a million
 samples, 4.8 GB and seconds on every rank at the 1.2 billion samples of a
 large corpus. The counts (two int64 a shard: its tokens and its first value
-byte) are a pure function of the bytes of ``index.json`` and the reader's
-options, so they are kept under that key, and every open after the first
+byte) are a pure function of the bytes of ``index.json``, the reader's
+layout of the token column and (local files) each shard's modification
+time, so they are kept under that key, and every open after the first
 reads ``index.json`` alone (O(shards)).
 
 Nothing is trusted: a cache file is checked whole (magic, length, the
