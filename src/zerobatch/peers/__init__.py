@@ -108,9 +108,7 @@ class _Formats:
              ) -> Dataset | None:
         """The peer dataset at ``path`` in ``format`` (None: detected; None
         when none is)."""
-        if format is not None:
-            return open_peer(path, format, storage_options=storage_options, **options)
-        return _open_at(path, None, storage_options, options)
+        return _open_at(path, format, storage_options, options)
 
 
 register_peer_formats(_Formats())
