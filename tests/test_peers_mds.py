@@ -168,6 +168,24 @@ def test_from_s3(mds, s3):
             assert remote.verify() == []
 
 
+def test_token_counts_cached_from_s3(mds, s3, tmp_path, monkeypatch):
+    """Over object storage the cache is keyed by index.json alone: the second
+    open of the same prefix reads no offsets table and every window equals
+    the local files'."""
+    monkeypatch.setattr("zerobatch.peers.mds.CACHE_FROM_SAMPLES", 0)
+    folder, _ = mds["plain"]
+    url = upload(folder, s3)
+    cache = tmp_path / "cache"
+    options = {"storage_options": s3.storage_options(), "cache_dir": cache}
+    with open_dataset(url, **options) as first:
+        assert not first.files._counts_cached
+    reads = _counting_opens(monkeypatch)
+    with open_dataset(url, **options) as remote:
+        assert remote.files._counts_cached and reads == []
+        with open_dataset(folder) as local:
+            check_same(local, remote)
+
+
 def _copy(mds, name, tmp_path):
     folder = tmp_path / name
     shutil.copytree(mds[name][0], folder)
